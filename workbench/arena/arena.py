@@ -1,0 +1,283 @@
+"""The arena: a fixed set of slots that expert reads land in, and the residency map.
+
+Keys are ``layer * n_experts + expert``. A slot is free, or holds a key that is either
+*published* (router-visible: claimed by a real routing decision) or *speculative*
+(prefetched, not yet claimed). Victims come from free slots first (lowest index), then
+the policy's order, skipping pinned, speculative and limbo slots; a prefetch never
+evicts its own target layer. Residency never depends on I/O timing: a slot whose read
+is still running is waited for, never skipped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from ..io.scheduler import CANCELLED, DONE, FAILED, ReadRequest
+from ..store.manifest import StoreError
+from .policies import make_policy
+
+OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
+_DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloat16": mx.bfloat16,
+           "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
+
+
+class ArenaError(RuntimeError):
+    """The arena cannot serve a request (too small, no eligible victim)."""
+
+
+class Arena:
+    def __init__(self, manifest, n_slots, scheduler, counters, hooks, policy="lru", policy_options=None):
+        self.m = manifest
+        self.E = manifest.n_experts
+        self.n_slots = n_slots
+        self.io = scheduler
+        self.counters = counters
+        self.hooks = hooks
+        self.policy = make_policy(policy, n_slots, **(policy_options or {}))
+        self.tensors = {t.name: mx.zeros((n_slots, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
+        mx.eval(list(self.tensors.values()))
+        raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
+        sizes = [t.nbytes for t in manifest.tensors]
+        self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
+        self.key_of = [-1] * n_slots
+        self.smap: dict[int, int] = {}
+        self.published = [False] * n_slots
+        self.pinned = [False] * n_slots
+        self.spec: dict[int, ReadRequest] = {}  # slot -> unclaimed speculative read
+        self.limbo: dict[int, int] = {}  # slot -> generation
+        self.last_req: list = [None] * n_slots
+        self.free = list(range(n_slots))
+        self.gen = 0
+        self.step = 0
+
+    # ---- residency queries -------------------------------------------------------------
+    def published_experts(self, layer: int) -> list[int]:
+        lo = layer * self.E
+        return sorted(k - lo for k, s in self.smap.items() if lo <= k < lo + self.E and self.published[s])
+
+    def resident_mask(self, layer: int) -> np.ndarray:
+        mask = np.zeros(self.E, dtype=bool)
+        mask[self.published_experts(layer)] = True
+        return mask
+
+    def is_mapped(self, layer: int, expert: int) -> bool:
+        return layer * self.E + expert in self.smap
+
+    def residency_signature(self) -> tuple:
+        return tuple(sorted(k for k, s in self.smap.items() if self.published[s]))
+
+    # ---- demand path -------------------------------------------------------------------
+    def at_layer(self, layer: int, experts) -> np.ndarray:
+        """Make ``experts`` (unique ids) of ``layer`` resident and published; returns an expert->slot table."""
+        c = self.counters.row(self.step, layer)
+        keys = [layer * self.E + int(e) for e in experts]
+        for key in keys:  # pin what is mapped before allocating any miss
+            s = self.smap.get(key)
+            if s is not None:
+                self.pinned[s] = True
+        waits, fresh = [], []
+        t0 = time.perf_counter_ns()
+        try:
+            for key in keys:
+                s = self.smap.get(key)
+                req = self.spec.pop(s, None) if s is not None else None
+                if req is not None:
+                    self.limbo.pop(s, None)
+                    self.policy.access(key, speculative=True)
+                    if req.state == DONE:
+                        self._outcome(req, "useful_timely", layer)
+                    elif req.finished:  # cancelled or failed before it was claimed: read it now
+                        self._outcome(req, "partially_read" if req.bytes_read else "cancelled_before_read", layer)
+                        waits.append(self._read(s, key, c))
+                    else:
+                        req.claimed = "late"
+                        self.io.promote(req)
+                        waits.append(req)
+                elif s is not None:
+                    c["hits"] += 1
+                    self.policy.access(key)
+                    if self.hooks.active:
+                        self.hooks.fire("cache.hit", key, layer=layer, expert=key - layer * self.E, slot=s)
+                else:
+                    s = self._victim()
+                    self._assign(s, key)
+                    self.pinned[s] = True
+                    self.policy.admit(key)
+                    c["misses"] += 1
+                    c["sync_misses"] += 1
+                    if self.hooks.active:
+                        self.hooks.fire("cache.miss", key, layer=layer, expert=key - layer * self.E, slot=s)
+                    fresh.append(key)
+                    waits.append(self._read(s, key, c))
+            self._wait_all(waits)
+        except BaseException:
+            self._drop_failed(waits)
+            self.release()
+            raise
+        finally:
+            c["io_wait_ns"] += time.perf_counter_ns() - t0
+        for req in waits:
+            if req.claimed == "late":
+                self._outcome(req, "useful_late", layer)
+            else:
+                c["bytes_read"] += req.bytes_read
+        table = np.zeros(self.E, dtype=np.int32)
+        for key in keys:
+            s = self.smap[key]
+            self.published[s] = True
+            table[key - layer * self.E] = s
+        self._to_limbo(layer)
+        return table
+
+    def release(self) -> None:
+        """Unpin after the layer's expert compute has been evaluated (slots may change owner)."""
+        self.pinned = [False] * self.n_slots
+
+    def after_layer(self) -> None:
+        """Release the previous limbo generation and rotate the current one."""
+        old = [s for s, g in self.limbo.items() if g < self.gen]
+        for s in old:
+            del self.limbo[s]
+            self._unmap(s)
+        self.gen += 1
+
+    # ---- speculative path --------------------------------------------------------------
+    def speculative_room(self, top_k: int) -> int:
+        return self.n_slots - 2 * top_k - len(self.spec) - len(self.limbo)
+
+    def prefetch(self, layer: int, expert: int, top_k: int) -> ReadRequest | None:
+        """Start a speculative read of (layer, expert); never publishes, never evicts ``layer``."""
+        key = layer * self.E + expert
+        if key in self.smap or self.speculative_room(top_k) <= 0:
+            return None
+        s = self._victim(avoid_layer=layer, required=False)
+        if s is None:
+            return None
+        self._assign(s, key)
+        req = ReadRequest(self.m.blob(layer, expert), self.views[s], s, speculative=True)
+        req.step = self.step
+        self.spec[s] = req
+        self.policy.admit(key, speculative=True)
+        c = self.counters.row(self.step, layer)
+        c["prefetch_issued"] += 1
+        c["prefetch_issued_bytes"] += req.blob.size
+        self._submit(req, layer)
+        return req
+
+    def finish_speculation(self) -> None:
+        """End of a request: settle every open speculative read and unmap it (deterministic)."""
+        for s, req in list(self.spec.items()):
+            self.io.cancel(req)
+            req.event.wait()
+            layer = self.key_of[s] // self.E
+            self._outcome(req, _unused_outcome(req), layer)
+            del self.spec[s]
+            self.limbo.pop(s, None)
+            self._unmap(s)
+        for s in list(self.limbo):
+            del self.limbo[s]
+            self._unmap(s)
+
+    # ---- internals ---------------------------------------------------------------------
+    def _to_limbo(self, layer):
+        for s, req in list(self.spec.items()):
+            if self.key_of[s] // self.E == layer and s not in self.limbo:
+                self.io.cancel(req)  # queued: dropped; running: stops at the next piece
+                self.limbo[s] = self.gen
+
+    def _unmap(self, s):
+        key = self.key_of[s]
+        req = self.spec.pop(s, None)
+        if req is not None:
+            req.event.wait()
+            self._outcome(req, _unused_outcome(req), key // self.E)
+        if key >= 0:
+            del self.smap[key]
+            self.policy.remove(key)
+        self.key_of[s] = -1
+        self.published[s] = False
+        heapq.heappush(self.free, s)
+
+    def _assign(self, s, key):
+        self.key_of[s] = key
+        self.smap[key] = s
+        self.published[s] = False
+
+    def _read(self, s, key, c) -> ReadRequest:
+        layer, expert = divmod(key, self.E)
+        req = ReadRequest(self.m.blob(layer, expert), self.views[s], s)
+        req.step = self.step
+        self._submit(req, layer)
+        return req
+
+    def _submit(self, req, layer):
+        prev = self.last_req[req.slot]
+        if prev is not None and not prev.finished:
+            prev.event.wait()  # a slot never takes a new read while its last one is running
+        self.last_req[req.slot] = req
+        if self.hooks.active:
+            self.hooks.fire("io.submit", req, layer=layer, expert=req.blob.expert, slot=req.slot)
+        self.io.submit(req)
+
+    def _victim(self, avoid_layer=None, required=True):
+        if self.free:
+            return heapq.heappop(self.free)
+        for key in self.policy.order():
+            s = self.smap[key]
+            if self.pinned[s] or s in self.spec or s in self.limbo:
+                continue
+            if avoid_layer is not None and key // self.E == avoid_layer:
+                continue
+            break
+        else:
+            if not required:
+                return None
+            raise ArenaError(
+                f"no eligible victim among {self.n_slots} slots ({sum(self.pinned)} pinned, {len(self.spec)} "
+                f"speculative, {len(self.limbo)} in limbo); give the arena more slots"
+            )
+        self.counters.row(self.step, key // self.E)["evictions"] += 1
+        if self.hooks.active:
+            self.hooks.fire("cache.evict", key, layer=key // self.E, expert=key % self.E, slot=s)
+        del self.smap[key]
+        self.policy.remove(key)
+        self.key_of[s] = -1
+        self.published[s] = False
+        return s
+
+    def _wait_all(self, reqs):
+        error = None
+        for req in reqs:
+            req.event.wait()
+            if req.error is not None and error is None:
+                error = req.error
+            elif req.state == CANCELLED and error is None:
+                error = StoreError(f"read of layer {req.blob.layer} expert {req.blob.expert} was cancelled")
+        if error is not None:
+            raise error
+
+    def _drop_failed(self, reqs):
+        """After an I/O error: wait for every read of this layer, unmap what did not load."""
+        for req in reqs:
+            req.event.wait()
+            if req.state in (FAILED, CANCELLED) and self.key_of[req.slot] >= 0:
+                self.spec.pop(req.slot, None)
+                self._unmap(req.slot)
+
+    def _outcome(self, req, outcome, layer):
+        c = self.counters.row(self.step, layer)
+        c["prefetch_" + outcome] += 1
+        c["prefetch_" + outcome + "_bytes"] += req.blob.size
+        c["bytes_read"] += req.bytes_read
+        if self.hooks.active:
+            self.hooks.fire("prefetch.outcome", outcome, layer=layer, expert=req.blob.expert, slot=req.slot)
+
+
+def _unused_outcome(req) -> str:
+    if req.state == DONE:
+        return "completed_unused"
+    return "partially_read" if req.bytes_read else "cancelled_before_read"

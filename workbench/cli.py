@@ -1,0 +1,162 @@
+"""Command line: ``workbench pack | run | demo`` and the subcommands of the analysis modules."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+SUBCOMMAND_MODULES = ("workbench.cli_policy", "workbench.cli_sim", "workbench.cli_analysis", "workbench.cli_report")
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids wants comma-separated integers, got {text!r}") from None
+
+
+def add_engine_args(p):
+    p.add_argument("--arena", default="0.25", help="fraction of routed experts (0.25), slot count (64) or size (2GB)")
+    p.add_argument("--policy", default="lru", help="eviction policy (lru, slru, twohit, ds4, static, s3fifo, lfu, fifo)")
+    p.add_argument("--io-workers", type=int, default=8)
+    p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
+    p.add_argument("--io-mode", default="buffered", help="buffered | dontneed | direct | nocache")
+    p.add_argument("--verify", default="first", help="checksum blobs: always | first (first read of each) | never")
+
+
+def engine_kwargs(args) -> dict:
+    return dict(arena=args.arena, policy=args.policy, io_workers=args.io_workers, io_reserved=args.io_reserved,
+                io_mode=args.io_mode, verify=args.verify)
+
+
+def cmd_pack(args) -> int:
+    from .store.pack import pack
+
+    out = pack(args.model_dir, args.store_dir)
+    print(f"packed {args.model_dir} -> {out}")
+    return 0
+
+
+def open_engine(args, progress):
+    from .engine.engine import Engine
+
+    eng = Engine.open(args.model, progress=progress, **engine_kwargs(args))
+    setup = getattr(args, "setup_engine", None)
+    if setup is not None:  # the policy layer adds predictors / cache-aware routing here
+        setup(eng, args)
+    return eng
+
+
+def cmd_run(args) -> int:
+    from .trace.recorder import TraceRecorder
+
+    prompt = args.prompt_ids if args.prompt_ids is not None else args.prompt
+    if prompt is None:
+        raise ValueError("give --prompt TEXT or --prompt-ids 1,2,3")
+    trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
+    with open_engine(args, progress=not args.json) as eng:
+        res = eng.generate(prompt, max_tokens=args.max_tokens, trace=trace)
+    if args.json:
+        print(json.dumps({"tokens": res.tokens, "text": res.text, "stats": res.stats}))
+    else:
+        if res.text is not None:
+            print(res.text)
+        print(summary_table(res.stats))
+    return 0
+
+
+def summary_table(s: dict) -> str:
+    pf = s["prefetch"]
+    rows = [
+        ("tokens", f"{s['tokens']} ({s['distinct_tokens']} distinct)"),
+        ("tokens/s", f"{s['tokens_per_s']:.2f} (median {s['median_token_ms']:.2f} ms/token)"),
+        ("arena", f"{s['arena_slots']} of {s['routed_experts']} experts ({s['expert_bytes'] / 1e6:.3f} MB each)"),
+        ("hits / misses", f"{s['hits']} / {s['misses']} (hit rate {s['hit_rate']:.1%}), {s['evictions']} evictions"),
+        ("bytes read", f"{s['bytes_read'] / 1e6:.2f} MB ({s['bytes_per_token'] / 1e6:.3f} MB/token)"),
+        ("io wait / compute", f"{s['io_wait_s']:.3f} s / {s['compute_s']:.3f} s"),
+        ("prefetch", ", ".join(f"{k} {v}" for k, v in pf.items())),
+        ("prefill", f"hits {s['prefill']['hits']}, misses {s['prefill']['misses']}, "
+                    f"{s['prefill']['bytes_read'] / 1e6:.2f} MB"),
+        ("residency hash", s["residency_hash"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def cmd_demo(args) -> int:
+    from .data import default_model, workload
+
+    model = default_model()
+    try:
+        prompt = workload("code_heldout")[0]["text"]
+    except ValueError:
+        prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    args.model, args.prompt, args.prompt_ids = str(model), prompt, None
+    args.json, args.trace, args.trace_moe_input, args.trace_io = False, None, False, False
+    print(f"demo: streaming {model} with a {args.arena} arena")
+    rc = cmd_run(args)
+    if rc == 0 and not args.no_report:
+        try:
+            from .report import build_report
+        except ImportError:
+            return rc
+        out = build_report(out=args.out, preset="small")
+        print(f"report: {out}/index.html")
+    return rc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("pack", help="split an mlx-lm MoE model into an expert store")
+    p.add_argument("model_dir")
+    p.add_argument("store_dir")
+    p.set_defaults(func=cmd_pack)
+
+    p = sub.add_parser("run", help="generate with experts streamed through a bounded arena")
+    p.add_argument("model", metavar="MODEL_OR_STORE")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-ids", type=parse_ids)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--trace", help="write a Parquet trace here")
+    p.add_argument("--trace-moe-input", action="store_true", help="also record MoE inputs (lookahead analysis)")
+    p.add_argument("--trace-io", action="store_true", help="also record the I/O event table")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_engine_args(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="the main job on the shipped reference model, then a report")
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--out", default="reports/demo")
+    p.add_argument("--no-report", action="store_true")
+    add_engine_args(p)
+    p.set_defaults(func=cmd_demo)
+
+    for name in SUBCOMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:
+            if e.name != name:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        print(f"workbench: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

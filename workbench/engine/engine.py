@@ -1,0 +1,304 @@
+"""The streaming engine: an mlx-lm model whose routed experts live in a bounded arena.
+
+Read ``generate`` top to bottom: prefill the prompt, then one token per step. Inside the
+model, every MoE layer calls ``run_experts``: evaluate the router, claim the wanted experts
+in the arena (hits, misses read synchronously, speculation promoted), run the family's own
+expert math on slot ids, release, and schedule read-ahead for later layers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from tqdm.auto import tqdm
+
+from ..arena.arena import Arena
+from ..hooks import Hooks
+from ..io.scheduler import IOScheduler
+from ..model import ModelError, build_model, config_hash, expert_modules, load_config
+from ..store.manifest import MANIFEST, RESIDENT, Manifest, StoreError
+from ..store.reader import BlobReader
+from .arena_size import arena_slots
+from .counters import Counters, summarize
+from .families import family_of, gate_weights, router_logits
+from .streamed import GateProbe, MoEProbe, StreamedExperts, get_path, set_path
+
+
+@dataclass
+class Result:
+    tokens: list  # generated ids
+    prompt: list
+    stats: dict
+    counters: object = None  # pandas DataFrame, one row per (step, layer)
+    logprobs: object = None  # last step's log-probabilities (np.ndarray)
+    text: str | None = None
+    step_times: list = field(default_factory=list)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("WORKBENCH_CACHE", Path.home() / ".cache" / "workbench"))
+
+
+def resolve_store(path, progress=True) -> Path:
+    """A store directory as is; an mlx-lm model directory is packed once into the cache."""
+    path = Path(path)
+    if (path / MANIFEST).exists():
+        return path
+    if not path.exists():
+        raise ModelError(f"{path} does not exist; give an mlx-lm model directory or a workbench store")
+    config = load_config(path)
+    stamp = hashlib.sha256(config_hash(config).encode())
+    for f in sorted(path.glob("model*.safetensors")):
+        st = f.stat()
+        stamp.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    store = cache_dir() / "stores" / f"{path.resolve().name}-{stamp.hexdigest()[:12]}"
+    if not (store / MANIFEST).exists():
+        from ..store.pack import pack
+
+        pack(path, store, progress=progress)
+    return store
+
+
+class Engine:
+    def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
+                 io_mode="buffered", verify="first", progress=True):
+        self.root = Path(store)
+        self.m = Manifest.load(self.root)
+        self.config = self.m.config
+        if config_hash(self.config) != self.m.data["config_hash"]:
+            raise StoreError(f"store {self.root} config does not match its manifest hash; pack the model again")
+        self.progress = progress
+        self.hooks = Hooks()
+        self.counters = Counters()
+        self.top_k = self.m.top_k
+        self.family = family_of(self.m.data["model_type"])
+        self.n_slots = arena_slots(arena, self.m.n_routed, self.m.expert_bytes, self.top_k)
+        self.reader = BlobReader(self.root, self.m, mode=io_mode, verify=verify)
+        self.io = IOScheduler(self.reader, workers=io_workers, reserved=min(io_reserved, io_workers))
+        self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, policy, policy_options)
+        self.model = self._build_model()
+        self.recorder = None
+        self.planner = None  # read-ahead planner (routing.ahead), optional
+        self.router = None  # cache-aware router (routing.moce), optional; None = exact
+        self._moe_in, self._logits = {}, {}
+        self._tokenizer = None
+        self.step = 0
+
+    @classmethod
+    def open(cls, path, **kw) -> "Engine":
+        """Open a store, or an mlx-lm model directory (packed into the cache on first use)."""
+        return cls(resolve_store(path, progress=kw.get("progress", True)), **kw)
+
+    # ---- model assembly ----------------------------------------------------------------
+    def _build_model(self):
+        model = build_model(self.config, self.m.data.get("quantized") or None)
+        experts = expert_modules(model)
+        if sorted(experts) != self.m.moe_layers:
+            raise StoreError(f"store {self.root} has MoE layers {self.m.moe_layers}, the model {sorted(experts)}; "
+                             "the manifest belongs to another model: pack this model again")
+        expert_keys = set()
+        for layer, (path, module) in experts.items():
+            for name, a in tree_flatten(module.parameters()):
+                spec = next((t for t in self.m.tensors if t.name == name), None)
+                if spec is None or tuple(a.shape[1:]) != spec.shape or a.shape[0] != self.m.n_experts:
+                    raise StoreError(f"expert tensor {path}.{name} {a.shape} does not match the store "
+                                     f"({spec}); the manifest belongs to another model: pack this model again")
+                expert_keys.add(f"{path}.{name}")
+            module.update(tree_unflatten([(t.name, self.arena.tensors[t.name]) for t in self.m.tensors]))
+        resident = mx.load(str(self.root / RESIDENT))
+        want = {k: a.shape for k, a in tree_flatten(model.parameters()) if k not in expert_keys}
+        have = {k: a.shape for k, a in resident.items()}
+        if want != have:
+            diff = sorted(set(want) ^ set(have))[:3] or [k for k in want if want[k] != have.get(k)][:3]
+            raise StoreError(f"{RESIDENT} in {self.root} does not match the model (e.g. {diff}); pack the model again")
+        model.load_weights(list(resident.items()), strict=False)
+        mx.eval(model.parameters())
+        self.blocks, self.gates = {}, {}
+        for layer, (path, module) in experts.items():
+            block_path = path.rpartition(".")[0]
+            block = get_path(model, block_path)
+            set_path(model, path, StreamedExperts(self, layer, module))
+            set_path(model, block_path, MoEProbe(self, layer, block))
+            self.blocks[layer] = block
+            if self.family is not None and hasattr(block, self.family.gate):
+                self.gates[layer] = getattr(block, self.family.gate)
+                setattr(block, self.family.gate, GateProbe(self, layer, self.gates[layer]))
+        self.names = {layer: {k: f"layer.{layer}.{k}" for k in ("moe.input", "router.logits", "experts.selected")}
+                      for layer in experts}
+        return model
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            if not (self.root / "tokenizer.json").exists() and not (self.root / "tokenizer_config.json").exists():
+                raise ModelError(f"{self.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
+            from mlx_lm.utils import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.root)
+        return self._tokenizer
+
+    def encode(self, prompt) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        vocab = self.config.get("vocab_size")
+        bad = [t for t in ids if t < 0 or (vocab and t >= vocab)]
+        if not ids or bad:
+            raise ValueError(f"prompt ids {bad[:5] or '(empty)'} are outside the vocabulary [0, {vocab}); "
+                             "give at least one id in range")
+        return ids
+
+    # ---- the decode loop ---------------------------------------------------------------
+    def generate(self, prompt, max_tokens=32, trace=None, progress=None, stop_at_eos=False) -> Result:
+        """Greedy generation, exactly as mlx-lm's generate_step orders its work."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        ids = self.encode(prompt)
+        self._prompt = ids
+        self.recorder = trace
+        if trace is not None:
+            trace.attach(self)
+        self.counters = self.arena.counters = Counters()
+        cache = make_prompt_cache(self.model)
+        residency = hashlib.sha256()
+        self.step = 0
+        if len(ids) > 1:  # prefill: every prompt token but the last, in one pass
+            self._begin_step(0, "prefill", ids[:-1])
+            self.model(mx.array(ids[:-1])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        y = mx.array(ids[-1:])
+        tokens, times = [], []
+        eos = set(getattr(self._tokenizer, "eos_token_ids", None) or []) if stop_at_eos else set()
+        bar = tqdm(total=max_tokens, desc="decode", unit="tok", disable=not (self.progress if progress is None else progress))
+        try:
+            for i in range(max_tokens):
+                self._begin_step(i + 1, "decode", [int(y[0])])
+                t0 = time.perf_counter()
+                logits = self.model(y[None], cache=cache)[:, -1, :]
+                y = mx.argmax(logits, axis=-1)
+                mx.eval(y)
+                times.append(time.perf_counter() - t0)
+                tokens.append(int(y[0]))
+                residency.update(repr(self.arena.residency_signature()).encode())
+                self.arena.policy.tick()
+                if self.hooks.active:
+                    self.hooks.fire("token.end", tokens[-1], step=self.step, counters=self.counters.rows)
+                bar.update(1)
+                if tokens[-1] in eos:
+                    break
+        finally:
+            bar.close()
+            self.arena.finish_speculation()
+            self.arena.release()
+            if self.planner is not None:
+                self.planner.end()
+        logprobs = np.array((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))[0]
+        stats = self._stats(times, tokens, residency.hexdigest())
+        if trace is not None:
+            trace.close(self, stats)
+            self.recorder = None
+        text = None
+        if self._tokenizer is not None or isinstance(prompt, str):
+            text = self.tokenizer.decode(tokens)
+        return Result(tokens, ids, stats, self.counters.frame(), logprobs, text, times)
+
+    def _begin_step(self, step, phase, token_ids):
+        self.step = self.arena.step = step
+        self.counters.phase[step] = phase
+        self._pos0 = 0 if phase == "prefill" else len(self._prompt) - 2 + step
+        self._moe_in.clear()
+        self._logits.clear()
+
+    def _stats(self, times, tokens, residency_hash) -> dict:
+        stats = summarize(self.counters.totals("decode"))
+        stats["prefill"] = summarize(self.counters.totals("prefill"))
+        med = float(np.median(times)) if times else 0.0
+        stats.update(tokens=len(tokens), distinct_tokens=len(set(tokens)), decode_s=float(sum(times)),
+                     tokens_per_s=len(times) / sum(times) if times and sum(times) > 0 else 0.0,
+                     median_token_ms=med * 1e3, residency_hash=residency_hash[:16], arena_slots=self.n_slots,
+                     routed_experts=self.m.n_routed, expert_bytes=self.m.expert_bytes)
+        stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
+        return stats
+
+    # ---- per-layer work (called from inside the model) ---------------------------------
+    def run_gate(self, layer, gate, x):
+        out = gate(x)
+        if self.family.rule == "sigmoid_group":
+            if self.recorder is not None or self.planner is not None or self.router is not None:
+                self._logits[layer] = router_logits(self.family, gate, x)
+            return out
+        if self.hooks.active:
+            out = self.hooks.fire(self.names[layer]["router.logits"], out, layer=layer)
+        self._logits[layer] = out
+        return out
+
+    def run_block(self, layer, block, x, *args, **kwargs):
+        if self.hooks.active:
+            x = self.hooks.fire(self.names[layer]["moe.input"], x, layer=layer)
+        self._moe_in[layer] = x
+        if self.router is not None:
+            return self.router.forward(self, layer, block, x)
+        return block(x, *args, **kwargs)
+
+    def run_experts(self, layer, inner, x, indices):
+        c = self.counters.row(self.step, layer)
+        t0 = time.perf_counter_ns()
+        mx.eval(indices)
+        c["compute_ns"] += time.perf_counter_ns() - t0
+        ids = np.array(indices)
+        if self.hooks.active:
+            self.hooks.fire(self.names[layer]["experts.selected"], ids, layer=layer, step=self.step)
+        resident_before = self.arena.published_experts(layer) if self.recorder is not None else None
+        wanted = np.unique(ids)
+        room = self.n_slots - len(self.arena.spec) - len(self.arena.limbo)
+        if len(wanted) <= room:
+            y = self._compute(layer, inner, x, ids, [wanted], c)
+        else:  # a batch wants more experts than the arena holds: run the layer in waves
+            order = sorted(wanted, key=lambda e: (not self.arena.is_mapped(layer, e), e))
+            y = self._compute(layer, inner, x, ids, [np.array(order[i:i + room]) for i in range(0, len(order), room)], c)
+        if self.recorder is not None:
+            self.recorder.add_layer(self, layer, ids, resident_before)
+        self.arena.after_layer()
+        if self.planner is not None:
+            self.planner.after_layer(self, layer)
+        return y
+
+    def _compute(self, layer, inner, x, ids, waves, c):
+        y = None
+        for wave in waves:
+            table = self.arena.at_layer(layer, wave)
+            t0 = time.perf_counter_ns()
+            if len(waves) == 1:
+                y = inner(x, mx.array(table[ids]))
+            else:
+                mask = np.isin(ids, wave)
+                part = inner(x, mx.array(np.where(mask, table[ids], table[wave[0]])))
+                part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
+                y = part if y is None else y + part
+            mx.eval(y)  # the slots may change owner only after this compute has run
+            c["compute_ns"] += time.perf_counter_ns() - t0
+            self.arena.release()
+        return y
+
+    def gate_weights(self, layer, ids) -> np.ndarray | None:
+        """Gate weights the family applied to ``ids`` at ``layer`` (None if unknown)."""
+        logits = self._logits.get(layer)
+        if self.family is None or logits is None:
+            return None
+        z = np.array(logits.astype(mx.float32)).reshape(-1, logits.shape[-1])
+        return gate_weights(self.family, self.blocks[layer], z, ids.reshape(-1, ids.shape[-1]))
+
+    def close(self):
+        self.io.close()
+        self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

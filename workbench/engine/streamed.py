@@ -1,0 +1,74 @@
+"""Modules the engine swaps into an mlx-lm model. The family's own code keeps doing the math."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class StreamedExperts(nn.Module):
+    """Stands in for a SwitchGLU/SwitchMLP: same module, weights are the arena's slots.
+
+    ``inner`` is the original module whose weight arrays were replaced by the arena
+    tensors ([n_slots, ...]); the engine maps expert ids to slot ids before calling it.
+    """
+
+    def __init__(self, engine, layer: int, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "_layer", layer)
+
+    def __call__(self, x, indices):
+        return self._engine.run_experts(self._layer, self.inner, x, indices)
+
+
+class MoEProbe(nn.Module):
+    """Wraps a MoE block: exposes its input (hook ``layer.{i}.moe.input``), and lets the engine
+    take over routing when cache-aware routing is on (approximate, opt-in)."""
+
+    def __init__(self, engine, layer: int, block: nn.Module):
+        super().__init__()
+        self.block = block
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "_layer", layer)
+
+    def __call__(self, x, *args, **kwargs):
+        return self._engine.run_block(self._layer, self.block, x, *args, **kwargs)
+
+
+class GateProbe(nn.Module):
+    """Wraps a router: records its logits (hook ``layer.{i}.router.logits``, may replace them)."""
+
+    def __init__(self, engine, layer: int, gate: nn.Module):
+        super().__init__()
+        self.inner = gate
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "_layer", layer)
+
+    def __getattr__(self, name):  # families read gate attributes (e.g. weight, bias)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], name)
+
+    def __call__(self, x):
+        return self._engine.run_gate(self._layer, self.inner, x)
+
+
+def get_path(root, path: str):
+    node = root
+    for part in path.split("."):
+        node = node[int(part)] if isinstance(node, list) else getattr(node, part)
+    return node
+
+
+def set_path(root, path: str, value) -> None:
+    parent, _, name = path.rpartition(".")
+    node = get_path(root, parent) if parent else root
+    if isinstance(node, list):
+        node[int(name)] = value
+    else:
+        setattr(node, name, value)

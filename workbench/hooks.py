@@ -1,0 +1,111 @@
+"""Named hook points (TransformerLens style).
+
+Names: ``layer.{i}.moe.input``, ``layer.{i}.router.logits``, ``layer.{i}.experts.selected``,
+``cache.hit``, ``cache.miss``, ``cache.evict``, ``io.submit``, ``io.done``, ``io.cancel``,
+``prefetch.outcome``, ``token.end``. A hook function is called ``fn(value, **ctx)``; if it
+returns something other than None, that replaces the value (meaningful for arrays such as
+router logits). With no subscriber the engine skips the call entirely (``hooks.active``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from contextlib import contextmanager
+
+HOOK_NAMES = (
+    "layer.{i}.moe.input", "layer.{i}.router.logits", "layer.{i}.experts.selected",
+    "cache.hit", "cache.miss", "cache.evict", "io.submit", "io.done", "io.cancel",
+    "prefetch.outcome", "token.end",
+)
+
+
+class Hooks:
+    """Subscribers by exact name or glob pattern; ``fire`` is cheap when nothing matches."""
+
+    def __init__(self):
+        self._exact: dict[str, list] = {}
+        self._patterns: list[tuple[str, object]] = []
+        self._resolved: dict[str, list] = {}
+        self.active = False
+
+    def add(self, name: str, fn) -> None:
+        if any(c in name for c in "*?["):
+            self._patterns.append((name, fn))
+        else:
+            self._exact.setdefault(name, []).append(fn)
+        self._changed()
+
+    def remove(self, name: str, fn) -> None:
+        if (name, fn) in self._patterns:
+            self._patterns.remove((name, fn))
+        elif fn in self._exact.get(name, []):
+            self._exact[name].remove(fn)
+        self._changed()
+
+    def clear(self) -> None:
+        self._exact.clear()
+        self._patterns.clear()
+        self._changed()
+
+    def _changed(self):
+        self._resolved = {}
+        self.active = bool(self._patterns) or any(self._exact.values())
+
+    def subscribers(self, name: str) -> list:
+        subs = self._resolved.get(name)
+        if subs is None:
+            subs = list(self._exact.get(name, ())) + [f for p, f in self._patterns if fnmatch.fnmatchcase(name, p)]
+            self._resolved[name] = subs
+        return subs
+
+    def wants(self, name: str) -> bool:
+        return self.active and bool(self.subscribers(name))
+
+    def fire(self, name: str, value=None, **ctx):
+        for fn in self.subscribers(name):
+            out = fn(value, name=name, **ctx)
+            if out is not None:
+                value = out
+        return value
+
+    @contextmanager
+    def using(self, pairs):
+        """Temporarily add ``[(name_or_pattern, fn), ...]``."""
+        for name, fn in pairs:
+            self.add(name, fn)
+        try:
+            yield self
+        finally:
+            for name, fn in pairs:
+                self.remove(name, fn)
+
+
+def run_with_hooks(engine, prompt, fwd_hooks, **generate_kw):
+    """Generate with ``fwd_hooks = [(name_or_pattern, fn), ...]`` active for this call only."""
+    with engine.hooks.using(fwd_hooks):
+        return engine.generate(prompt, **generate_kw)
+
+
+def run_with_cache(engine, prompt, names_filter=None, **generate_kw):
+    """Generate and return ``(result, cache)``; cache maps hook name -> list of values in order.
+
+    ``names_filter``: None (every hook point), a glob string, a list of names/globs, or a
+    callable ``name -> bool``.
+    """
+    cache: dict[str, list] = {}
+    if names_filter is None:
+        patterns, pred = ["*"], None
+    elif callable(names_filter):
+        patterns, pred = ["*"], names_filter
+    elif isinstance(names_filter, str):
+        patterns, pred = [names_filter], None
+    else:
+        patterns, pred = list(names_filter), None
+
+    def keep(value, name, **ctx):
+        if pred is None or pred(name):
+            cache.setdefault(name, []).append(value if ctx == {} or value is not None else ctx)
+
+    with engine.hooks.using([(p, keep) for p in patterns]):
+        result = engine.generate(prompt, **generate_kw)
+    return result, cache

@@ -1,0 +1,129 @@
+"""I/O scheduler: a worker pool with an urgent queue served first.
+
+Some workers (``reserved``) serve only urgent reads, so speculation never delays a
+demand miss. A read in progress is never preempted; it runs piece by piece, and a
+cancelled read stops between pieces (partially read) or never starts (cancelled
+before read). Queued speculative reads can be promoted to urgent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
+
+
+class ReadRequest:
+    __slots__ = ("blob", "views", "slot", "speculative", "urgent", "state", "event", "error",
+                 "bytes_read", "cancel_flag", "t_submit", "t_start", "t_done", "claimed", "step", "target_step")
+
+    def __init__(self, blob, views, slot, speculative=False):
+        self.blob, self.views, self.slot = blob, views, slot
+        self.speculative = speculative
+        self.urgent = not speculative
+        self.state = QUEUED
+        self.event = threading.Event()
+        self.error = None
+        self.bytes_read = 0
+        self.cancel_flag = False
+        self.t_submit = self.t_start = self.t_done = 0
+        self.claimed = None  # for speculation: None (not yet), "late", "timely"
+        self.step = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (DONE, CANCELLED, FAILED)
+
+
+class IOScheduler:
+    def __init__(self, reader, workers: int = 8, reserved: int = 2, on_done=None):
+        if workers < 1:
+            raise ValueError(f"io workers must be >= 1, got {workers}")
+        if not 0 <= reserved <= workers:
+            raise ValueError(f"reserved urgent workers must be between 0 and {workers}, got {reserved}")
+        self.reader = reader
+        self.urgent: deque = deque()
+        self.spec: deque = deque()
+        self.cv = threading.Condition()
+        self.on_done = on_done
+        self._stop = False
+        self.workers = workers
+        self.reserved = reserved if workers > 1 else 0
+        self.threads = [threading.Thread(target=self._work, args=(i < self.reserved,), daemon=True, name=f"wb-io-{i}")
+                        for i in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, req: ReadRequest) -> ReadRequest:
+        req.t_submit = time.perf_counter_ns()
+        with self.cv:
+            (self.urgent if req.urgent else self.spec).append(req)
+            self.cv.notify_all()
+        return req
+
+    def promote(self, req: ReadRequest) -> None:
+        """A queued speculative read becomes urgent (it is wanted now)."""
+        with self.cv:
+            req.urgent = True
+            if req.state == QUEUED and req in self.spec:
+                self.spec.remove(req)
+                self.urgent.append(req)
+                self.cv.notify_all()
+
+    def cancel(self, req: ReadRequest) -> None:
+        with self.cv:
+            if req.state == QUEUED:
+                (self.urgent if req in self.urgent else self.spec).remove(req)
+                req.state = CANCELLED
+                req.t_done = time.perf_counter_ns()
+                req.event.set()
+            elif req.state == RUNNING:
+                req.cancel_flag = True
+
+    def wait(self, req: ReadRequest) -> None:
+        req.event.wait()
+        if req.error is not None:
+            raise req.error
+
+    def close(self):
+        with self.cv:
+            self._stop = True
+            for q in (self.urgent, self.spec):
+                for req in q:
+                    req.state = CANCELLED
+                    req.event.set()
+                q.clear()
+            self.cv.notify_all()
+        for t in self.threads:
+            t.join(timeout=5)
+
+    def _take(self, urgent_only):
+        while not self._stop:
+            if self.urgent:
+                return self.urgent.popleft()
+            if self.spec and not urgent_only:
+                return self.spec.popleft()
+            self.cv.wait()
+        return None
+
+    def _work(self, urgent_only):
+        while True:
+            with self.cv:
+                req = self._take(urgent_only)
+                if req is None:
+                    return
+                req.state = RUNNING
+            req.t_start = time.perf_counter_ns()
+            try:
+                req.bytes_read = self.reader.read(req.blob, req.views, lambda: req.cancel_flag)
+                state = CANCELLED if req.bytes_read < req.blob.size else DONE
+            except BaseException as e:  # surfaces on the decode thread via wait()
+                req.error, state = e, FAILED
+            with self.cv:
+                req.state = state
+                req.t_done = time.perf_counter_ns()
+                req.event.set()
+            if self.on_done is not None:
+                self.on_done(req)

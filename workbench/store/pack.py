@@ -1,0 +1,124 @@
+"""``workbench pack MODEL_DIR STORE_DIR``: split an mlx-lm MoE model into an expert store."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from tqdm.auto import tqdm
+
+from .. import __version__
+from ..model import ModelError, config_hash, expert_modules, load_config, quantized_modules, top_k_of
+from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
+
+
+def raw_bytes(a: mx.array) -> memoryview:
+    """The bytes of an evaluated array (no copy)."""
+    return memoryview(a).cast("B")
+
+
+def load_mlx_model(model_dir: Path):
+    """Load an mlx-lm model directory lazily (weights read on first use)."""
+    from mlx_lm.utils import load_model
+
+    model_dir = Path(model_dir)
+    config = load_config(model_dir)
+    if not list(model_dir.glob("model*.safetensors")):
+        raise ModelError(f"{model_dir} has no model*.safetensors; point at an mlx-lm model directory")
+    try:
+        model, _ = load_model(model_dir, lazy=True, model_config=config)
+    except ValueError as e:
+        raise ModelError(f"mlx-lm cannot load {model_dir}: {e}") from None
+    return model, config
+
+
+def pack(model_dir, store_dir, progress: bool = True) -> Path:
+    """Write the store atomically: build in a temp dir beside STORE_DIR, then rename."""
+    model_dir, store_dir = Path(model_dir), Path(store_dir)
+    if (store_dir / MANIFEST).exists():
+        raise FileExistsError(f"{store_dir} already holds a store; delete it first or pick another STORE_DIR")
+    model, config = load_mlx_model(model_dir)
+    experts = expert_modules(model)
+    store_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{store_dir.name}.tmp-", dir=store_dir.parent))
+    try:
+        manifest = _write(model, config, experts, tmp, progress)
+        manifest["source"] = str(model_dir.resolve())
+        for name in TOKENIZER_FILES:
+            if (model_dir / name).exists():
+                shutil.copy2(model_dir / name, tmp / name)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+        if store_dir.exists():
+            store_dir.rmdir()  # only an empty directory may stand in the way
+        os.replace(tmp, store_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return store_dir
+
+
+def _write(model, config, experts, out: Path, progress: bool) -> dict:
+    params = dict(tree_flatten(model.parameters()))
+    layers = list(experts)
+    first_path, first = experts[layers[0]]
+    specs = []
+    for name, a in tree_flatten(first.parameters()):
+        specs.append({"name": name, "shape": list(a.shape[1:]), "dtype": str(a.dtype).split(".")[-1],
+                      "nbytes": a.nbytes // a.shape[0]})
+    n_experts = tree_flatten(first.parameters())[0][1].shape[0]
+    expert_bytes = sum(s["nbytes"] for s in specs)
+    stride = -(-expert_bytes // ALIGN) * ALIGN
+    blobs, offset = [], 0
+    expert_keys = set()
+    with open(out / EXPERTS, "wb") as f:
+        for layer in tqdm(layers, desc="pack experts", unit="layer", disable=not progress):
+            path, module = experts[layer]
+            tensors = tree_flatten(module.parameters())
+            names = [n for n, _ in tensors]
+            if names != [s["name"] for s in specs] or any(a.shape[0] != n_experts for _, a in tensors):
+                raise ModelError(f"layer {layer} experts differ in layout from layer {layers[0]}; cannot pack")
+            expert_keys.update(f"{path}.{n}" for n in names)
+            mx.eval([a for _, a in tensors])
+            views = [raw_bytes(a) for _, a in tensors]
+            for e in range(n_experts):
+                parts = [v[e * s["nbytes"]:(e + 1) * s["nbytes"]] for v, s in zip(views, specs)]
+                crc = 0
+                for p in parts:
+                    f.write(p)
+                    crc = zlib.crc32(p, crc)
+                f.write(b"\0" * (stride - expert_bytes))
+                blobs.append([layer, e, offset, expert_bytes, crc])
+                offset += stride
+            del tensors, views
+        f.flush()
+        os.fsync(f.fileno())
+    resident = {k: v for k, v in params.items() if k not in expert_keys}
+    mx.save_safetensors(str(out / RESIDENT), resident)
+    return {
+        "format": FORMAT,
+        "workbench_version": __version__,
+        "model_type": config.get("model_type"),
+        "config_hash": config_hash(config),
+        "config": config,
+        "n_layers": len(model.layers),
+        "moe_layers": layers,
+        "expert_paths": {str(layer): experts[layer][0] for layer in layers},
+        "n_experts": n_experts,
+        "top_k": top_k_of(config),
+        "tensors": specs,
+        "alignment": ALIGN,
+        "blob_stride": stride,
+        "blobs": blobs,
+        "experts_file_size": offset,
+        "quantized": quantized_modules(model),
+    }

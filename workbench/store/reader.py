@@ -1,0 +1,172 @@
+"""Blob reads into slot memory, in four read modes.
+
+buffered   os.preadv through the page cache
+dontneed   buffered, then POSIX_FADV_DONTNEED on the blob (cold reads on Linux)
+direct     O_DIRECT into an aligned bounce buffer, then copied into the slot (Linux)
+nocache    F_NOCACHE on the descriptor (macOS)
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+import zlib
+
+from .manifest import EXPERTS, Blob, StoreError
+
+READ_MODES = ("buffered", "dontneed", "direct", "nocache")
+PIECE_BYTES = 1 << 20
+
+
+def available_modes() -> list[str]:
+    modes = ["buffered"]
+    if hasattr(os, "posix_fadvise"):
+        modes.append("dontneed")
+    if hasattr(os, "O_DIRECT"):
+        modes.append("direct")
+    if sys.platform == "darwin":
+        modes.append("nocache")
+    return modes
+
+
+class BlobReader:
+    """Reads one (layer, expert) blob into a list of writable buffers (the slot's tensors)."""
+
+    def __init__(self, root, manifest, mode: str = "buffered", verify: str = "first", piece_bytes: int = PIECE_BYTES):
+        if mode not in READ_MODES:
+            raise ValueError(f"unknown read mode {mode!r}; valid: {', '.join(READ_MODES)}")
+        if mode not in available_modes():
+            raise ValueError(f"read mode {mode!r} is not available on {sys.platform}; available: {', '.join(available_modes())}")
+        if verify not in ("always", "first", "never"):
+            raise ValueError(f"unknown verify {verify!r}; valid: always, first, never")
+        self.manifest, self.mode, self.verify = manifest, mode, verify
+        self.piece_bytes = max(4096, piece_bytes // 4096 * 4096)
+        self.path = os.path.join(root, EXPERTS)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        self.dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECT) if mode == "direct" else None
+        if mode == "nocache":
+            import fcntl
+
+            fcntl.fcntl(self.fd, fcntl.F_NOCACHE, 1)
+        self._verified: set = set()
+        self._local = threading.local()
+        self.inject = None  # tests: fn(blob) that may sleep or raise, called before each piece
+
+    def close(self):
+        for fd in (self.fd, self.dfd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.dfd = None
+
+    def pieces(self, views):
+        """Split the slot's buffers into pieces of at most piece_bytes (cancellable units)."""
+        out, cur, size = [], [], 0
+        for v in views:
+            pos = 0
+            while pos < len(v):
+                take = min(len(v) - pos, self.piece_bytes - size)
+                cur.append(v[pos:pos + take])
+                pos += take
+                size += take
+                if size == self.piece_bytes:
+                    out.append(cur)
+                    cur, size = [], 0
+        if cur:
+            out.append(cur)
+        return out
+
+    def read(self, blob: Blob, views, cancelled=lambda: False) -> int:
+        """Read ``blob`` into ``views``; returns bytes read (less than blob.size if cancelled)."""
+        done = 0
+        for piece in self.pieces(views):
+            if cancelled():
+                return done
+            if self.inject is not None:
+                self.inject(blob)
+            n = sum(len(p) for p in piece)
+            got = self._read_piece(blob.offset + done, piece, n)
+            if got != n:
+                raise StoreError(
+                    f"short read of layer {blob.layer} expert {blob.expert}: got {done + got} of {blob.size} bytes "
+                    f"at offset {blob.offset} in {self.path}; the store is truncated, pack the model again"
+                )
+            done += n
+        if self.mode == "dontneed":
+            os.posix_fadvise(self.fd, blob.offset, blob.size, os.POSIX_FADV_DONTNEED)
+        self._check(blob, views)
+        return done
+
+    def _read_piece(self, offset, piece, n):
+        if self.mode != "direct":
+            return os.preadv(self.fd, piece, offset)
+        start = offset - offset % 4096
+        length = -(-(offset + n - start) // 4096) * 4096
+        buf = self._bounce(length)
+        got = os.preadv(self.dfd, [memoryview(buf)[:length]], start)
+        got = min(max(0, got - (offset - start)), n)
+        pos = offset - start
+        for p in piece:
+            p[:] = buf[pos:pos + len(p)]
+            pos += len(p)
+        return got
+
+    def _bounce(self, length):
+        buf = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < length:
+            buf = self._local.buf = mmap.mmap(-1, max(length, self.piece_bytes + 8192))
+        return buf
+
+    def _check(self, blob, views):
+        if self.verify == "never" or (self.verify == "first" and (blob.layer, blob.expert) in self._verified):
+            return
+        crc = 0
+        for v in views:
+            crc = zlib.crc32(v, crc)
+        if crc != blob.crc32:
+            raise StoreError(
+                f"checksum mismatch in layer {blob.layer} expert {blob.expert} "
+                f"(crc32 {crc:08x}, manifest {blob.crc32:08x}) in {self.path}; the store is corrupt, pack the model again"
+            )
+        self._verified.add((blob.layer, blob.expert))
+
+
+def page_cache_fraction(fd: int, offset: int, size: int) -> float | None:
+    """Share of a file range resident in the OS page cache (mincore), or None if unknown."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = _libc()
+    page = mmap.PAGESIZE
+    start = offset - offset % page
+    length = offset + size - start
+    addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        return None
+    try:
+        n = -(-length // page)
+        vec = (ctypes.c_ubyte * n)()
+        if libc.mincore(ctypes.c_void_p(addr), length, vec) != 0:
+            return None
+        return sum(b & 1 for b in vec) / n
+    finally:
+        libc.munmap(ctypes.c_void_p(addr), length)
+
+
+_LIBC = None
+
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        _LIBC = libc
+    return _LIBC
