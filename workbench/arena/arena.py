@@ -47,6 +47,7 @@ class Arena:
         self.smap: dict[int, int] = {}
         self.published = [False] * n_slots
         self.pinned = [False] * n_slots
+        self._pins: list[int] = []
         self.spec: dict[int, ReadRequest] = {}  # slot -> unclaimed speculative read
         self.limbo: dict[int, int] = {}  # slot -> generation
         self.last_req: list = [None] * n_slots
@@ -79,6 +80,7 @@ class Arena:
             s = self.smap.get(key)
             if s is not None:
                 self.pinned[s] = True
+                self._pins.append(s)
         waits, fresh = [], []
         t0 = time.perf_counter_ns()
         try:
@@ -106,6 +108,7 @@ class Arena:
                     s = self._victim()
                     self._assign(s, key)
                     self.pinned[s] = True
+                    self._pins.append(s)
                     self.policy.admit(key)
                     c["misses"] += 1
                     c["sync_misses"] += 1
@@ -134,8 +137,11 @@ class Arena:
         return table
 
     def release(self) -> None:
-        """Unpin after the layer's expert compute has been evaluated (slots may change owner)."""
-        self.pinned = [False] * self.n_slots
+        """Unpin the current layer's slots. Call once their expert compute is evaluated, or is
+        certain to be evaluated before any slot can change owner (the next router sync)."""
+        for s in self._pins:
+            self.pinned[s] = False
+        self._pins.clear()
 
     def after_layer(self) -> None:
         """Release the previous limbo generation and rotate the current one."""

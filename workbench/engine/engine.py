@@ -280,7 +280,9 @@ class Engine:
                 part = inner(x, mx.array(np.where(mask, table[ids], table[wave[0]])))
                 part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
                 y = part if y is None else y + part
-            mx.eval(y)  # the slots may change owner only after this compute has run
+            if len(waves) > 1 or self.planner is not None:
+                mx.eval(y)  # the next wave / a prefetch may overwrite slots: compute first
+            # else: the next layer's router sync evaluates y before any slot changes owner
             c["compute_ns"] += time.perf_counter_ns() - t0
             self.arena.release()
         return y

@@ -14,7 +14,7 @@ from mlx.utils import tree_flatten
 from tqdm.auto import tqdm
 
 from .. import __version__
-from ..model import ModelError, config_hash, expert_modules, load_config, quantized_modules, top_k_of
+from ..model import ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -32,11 +32,12 @@ def load_mlx_model(model_dir: Path):
 
     model_dir = Path(model_dir)
     config = load_config(model_dir)
+    model_classes(config)  # an unsupported family fails here, before any weight is read
     if not list(model_dir.glob("model*.safetensors")):
         raise ModelError(f"{model_dir} has no model*.safetensors; point at an mlx-lm model directory")
     try:
         model, _ = load_model(model_dir, lazy=True, model_config=config)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:
         raise ModelError(f"mlx-lm cannot load {model_dir}: {e}") from None
     return model, config
 

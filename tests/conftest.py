@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny random models of real mlx-lm architectures, packed into stores."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("WORKBENCH_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "test-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """tiny(family, bits=None, **shape) -> (model_dir, store_dir); built once per session."""
+    from workbench.randmodel import make_random_model
+    from workbench.store.pack import pack
+
+    made = {}
+
+    def build(family="qwen3_moe", bits=None, **shape):
+        key = (family, bits, tuple(sorted(shape.items())))
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"{family}-{bits}")
+            shape = {"layers": 2, "experts": 8, "top_k": 2, "hidden": 64, "expert_width": 32, "vocab": 128, **shape}
+            model = make_random_model(root / "model", family, seed=1, quantize_bits=bits, moving=True, **shape)
+            made[key] = (model, pack(model, root / "store", progress=False))
+        return made[key]
+
+    return build
+
+
+def resident_greedy(model_dir, prompt, max_tokens):
+    """mlx-lm's own greedy generation on the resident model: (tokens, last log-probs)."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(Path(model_dir))
+    tokens, last = [], None
+    for (tok, logprobs), _ in zip(generate_step(mx.array(prompt), model, max_tokens=max_tokens), range(max_tokens)):
+        tokens.append(int(tok))
+        last = np.array(logprobs.astype(mx.float32))
+    return tokens, last

@@ -1,0 +1,115 @@
+"""Hook points, run_with_hooks / run_with_cache, counters and the Parquet trace."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from workbench.cli import main
+from workbench.engine.engine import Engine
+from workbench.hooks import run_with_cache, run_with_hooks
+from workbench.trace.recorder import TraceRecorder
+from workbench.trace.schema import TraceError, read_trace
+
+PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
+
+
+@pytest.fixture
+def engine(tiny):
+    _, store = tiny("qwen3_moe", 4)
+    with Engine(store, arena="0.5", progress=False) as eng:
+        yield eng
+
+
+def test_run_with_cache_collects_named_points(engine):
+    res, cache = run_with_cache(engine, PROMPT, names_filter=["layer.*.experts.selected", "token.end", "cache.miss"],
+                                max_tokens=4)
+    assert len(cache["token.end"]) == 4 and cache["token.end"] == res.tokens
+    sel = cache["layer.0.experts.selected"]
+    assert len(sel) == 1 + 4  # prefill pass + 4 decode steps
+    assert sel[0].shape == (1, len(PROMPT) - 1, engine.top_k)
+    assert len(cache["cache.miss"]) == res.stats["misses"] + res.stats["prefill"]["misses"]
+    assert "layer.0.moe.input" not in cache
+
+
+def test_run_with_cache_filter_callable(engine):
+    _, cache = run_with_cache(engine, PROMPT, names_filter=lambda n: n.endswith("router.logits"), max_tokens=2)
+    assert set(cache) == {f"layer.{i}.router.logits" for i in engine.m.moe_layers}
+    assert cache["layer.1.router.logits"][-1].shape[-1] == engine.m.n_experts
+
+
+def test_hook_can_replace_router_logits(engine):
+    forced = 5
+
+    def force(logits, **ctx):
+        bias = mx.zeros(logits.shape[-1]).at[forced].add(100.0)
+        return logits + bias
+
+    with engine.hooks.using([("layer.*.router.logits", force)]):
+        _, cache2 = run_with_cache(engine, PROMPT, names_filter="layer.0.experts.selected", max_tokens=1)
+    assert all(forced in row for row in cache2["layer.0.experts.selected"][-1].reshape(-1, engine.top_k))
+    assert not engine.hooks.active  # hooks are removed after the call
+
+
+def test_run_with_hooks_observes_io(engine):
+    seen = []
+    res = run_with_hooks(engine, PROMPT, [("io.submit", lambda req, **c: seen.append(req.blob.size))], max_tokens=3)
+    assert len(seen) == res.stats["misses"] + res.stats["prefill"]["misses"]
+    assert all(s == engine.m.expert_bytes for s in seen)
+
+
+def test_counters_per_step_and_layer(engine):
+    res = engine.generate(PROMPT, max_tokens=5)
+    df = res.counters
+    assert set(df["phase"]) == {"prefill", "decode"}
+    dec = df[df.phase == "decode"]
+    assert len(dec) == 5 * len(engine.m.moe_layers)
+    assert (dec.hits + dec.misses == engine.top_k).all()
+    assert dec.bytes_read.sum() == res.stats["bytes_read"] == dec.misses.sum() * engine.m.expert_bytes
+
+
+def test_trace_roundtrip(engine, tmp_path):
+    path = tmp_path / "run.parquet"
+    res = engine.generate(PROMPT, max_tokens=6, trace=TraceRecorder(path, moe_input=True, io_events=True))
+    t = read_trace(path)
+    r = t.routes
+    assert t.meta["n_experts"] == engine.m.n_experts and t.moe_layers == engine.m.moe_layers
+    assert len(r) == (len(PROMPT) - 1 + 6) * len(engine.m.moe_layers)
+    dec = t.decode()
+    assert sorted(dec.step.unique()) == list(range(1, 7))
+    row = dec.iloc[0]
+    w = np.array(row.weights)
+    assert len(row.selected) == engine.top_k and np.all(np.diff(w) <= 0) and abs(w.sum() - 1) < 1e-3
+    assert len(row.logits) == engine.m.n_experts and len(row.moe_input) == engine.config["hidden_size"]
+    z = np.array(row.logits, dtype=np.float32)
+    assert set(np.argsort(-z)[: engine.top_k]) == set(row.selected)  # softmax top-k = logit top-k
+    # the resident set is what was published before routing: a claimed expert is resident next step
+    later = dec[(dec.layer == row.layer) & (dec.step == row.step + 1)].iloc[0]
+    assert set(row.selected) <= set(later.resident)
+    assert t.io is not None and set(t.io.kind) >= {"miss", "submit"}
+    assert (t.io.kind == "miss").sum() == res.stats["misses"] + res.stats["prefill"]["misses"]
+
+
+def test_malformed_trace(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(TraceError, match="not a readable Parquet"):
+        read_trace(bad)
+    with pytest.raises(TraceError, match="does not exist"):
+        read_trace(tmp_path / "missing.parquet")
+
+
+def test_cli_run_json_and_trace(tiny, tmp_path, capsys):
+    _, store = tiny("deepseek_v3", 4)
+    path = tmp_path / "t.parquet"
+    capsys.readouterr()
+    assert main(["run", str(store), "--prompt-ids", "1,2,3,4", "--max-tokens", "5", "--arena", "0.5",
+                 "--json", "--trace", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["tokens"]) == 5
+    for key in ("hits", "misses", "bytes_read", "tokens_per_s"):
+        assert key in out["stats"]
+    t = read_trace(path)
+    assert t.moe_layers == [1, 2]  # deepseek's first layer is dense
+    assert t.routes.weights.notna().all()
