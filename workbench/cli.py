@@ -24,6 +24,17 @@ def add_engine_args(p):
     p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--io-mode", default="buffered", help="buffered | dontneed | direct | nocache")
     p.add_argument("--verify", default="first", help="checksum blobs: always | first (first read of each) | never")
+    g = p.add_argument_group("read-ahead and cache-aware routing")
+    g.add_argument("--predictor", default="none", help="none | layer | prev | oracle")
+    g.add_argument("--lookahead", type=int, default=1, help="distance D in MoE layers for --predictor layer/oracle")
+    g.add_argument("--ahead-width", type=int, default=None, help="candidates ranked per target layer (default top-k)")
+    g.add_argument("--oracle-trace", help="trace of the same prompt for --predictor oracle")
+    g.add_argument("--unpert", type=int, default=1, help="1: exact router; 0: cache-aware router with p=3 (approximate)")
+    g.add_argument("--route", action="store_true", help="cache-aware routing with --moce-* (approximate)")
+    g.add_argument("--moce-bonus", type=float, default=0.85, help="resident bonus b")
+    g.add_argument("--moce-protect", type=int, default=3, help="protected width p")
+    g.add_argument("--moce-r1", type=float, default=0.0, help="rank-1 resident bonus r1")
+    g.add_argument("--gate", default="none", help="admission gate: none | confidence | cost")
 
 
 def engine_kwargs(args) -> dict:
@@ -42,10 +53,15 @@ def cmd_pack(args) -> int:
 def open_engine(args, progress):
     from .engine.engine import Engine
 
+    from .routing.setup import configure
+
     eng = Engine.open(args.model, progress=progress, **engine_kwargs(args))
-    setup = getattr(args, "setup_engine", None)
-    if setup is not None:  # the policy layer adds predictors / cache-aware routing here
-        setup(eng, args)
+    try:
+        configure(eng, args.predictor, args.lookahead, args.unpert, args.route, args.moce_bonus, args.moce_protect,
+                  args.moce_r1, args.gate, args.ahead_width, args.oracle_trace)
+    except BaseException:
+        eng.close()
+        raise
     return eng
 
 

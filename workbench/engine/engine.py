@@ -254,6 +254,8 @@ class Engine:
         if self.hooks.active:
             self.hooks.fire(self.names[layer]["experts.selected"], ids, layer=layer, step=self.step)
         resident_before = self.arena.published_experts(layer) if self.recorder is not None else None
+        if self.planner is not None:
+            self.planner.on_route(self, layer, ids)
         wanted = np.unique(ids)
         room = self.n_slots - len(self.arena.spec) - len(self.arena.limbo)
         if len(wanted) <= room:

@@ -1,0 +1,145 @@
+"""The live policy layer: read-ahead accounting, cache-aware routing, determinism, fault injection."""
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from conftest import resident_greedy
+from workbench.engine.engine import Engine
+from workbench.routing.setup import configure
+from workbench.store.manifest import StoreError
+
+SHAPE = dict(layers=4, experts=16, top_k=4, hidden=64, expert_width=32)
+PROMPT = [9, 4, 27, 31, 2, 88, 5, 60, 13, 101]
+
+
+@pytest.fixture
+def store(tiny):
+    return tiny("qwen3_moe", 4, **SHAPE)
+
+
+def _run(store, arena="0.5", max_tokens=12, delay=None, policy="lru", **cfg):
+    with Engine(store[1], arena=arena, policy=policy, io_workers=4, progress=False) as eng:
+        configure(eng, **cfg)
+        if delay is not None:
+            eng.reader.inject = delay
+        return eng.generate(PROMPT, max_tokens=max_tokens)
+
+
+@pytest.mark.parametrize("mode", [dict(unpert=1), dict(unpert=0), dict(route=True, moce_protect=2, moce_r1=0.1)])
+@pytest.mark.parametrize("predictor", ["layer", "prev"])
+def test_prefetch_accounting_adds_up(store, predictor, mode):
+    res = _run(store, predictor=predictor, lookahead=1, **mode)
+    pf, pb = res.stats["prefetch"], res.stats["prefetch_bytes"]
+    assert pf["issued"] > 0
+    assert pf["issued"] == sum(v for k, v in pf.items() if k != "issued")
+    assert pb["issued"] == sum(v for k, v in pb.items() if k != "issued") == pf["issued"] * res.stats["expert_bytes"]
+    assert res.stats["hits"] + res.stats["misses"] + pf["useful_late"] + pf["useful_timely"] == 12 * 4 * 4
+
+
+def test_exact_read_ahead_keeps_output_exact(store):
+    ref, ref_lp = resident_greedy(store[0], PROMPT, 12)
+    res = _run(store, arena="0.5", predictor="layer", lookahead=2, unpert=1, gate="confidence")
+    assert res.tokens == ref
+    np.testing.assert_allclose(res.logprobs, ref_lp, atol=1e-4)
+    assert res.stats["prefetch"]["useful_timely"] + res.stats["prefetch"]["useful_late"] > 0
+
+
+def test_oracle_prefetch_removes_sync_misses(store, tmp_path):
+    from workbench.trace.recorder import TraceRecorder
+
+    path = tmp_path / "oracle.parquet"
+    with Engine(store[1], arena="0.5", progress=False) as eng:
+        plain = eng.generate(PROMPT, max_tokens=12, trace=TraceRecorder(path))
+    res = _run(store, arena="0.5", predictor="oracle", lookahead=1, oracle_trace=path)
+    assert res.tokens == plain.tokens
+    assert res.stats["sync_misses"] < plain.stats["sync_misses"]
+    assert res.stats["prefetch"]["completed_unused"] == 0  # the oracle never reads what is not claimed
+
+
+def test_cache_aware_routing_trades_quality_for_hits(store):
+    exact = _run(store, arena="0.35")
+    moce = _run(store, arena="0.35", route=True, moce_bonus=4.0, moce_protect=1)
+    assert moce.stats["hit_rate"] > exact.stats["hit_rate"]
+
+
+def test_cache_aware_routing_with_tiny_bonus_matches_exact(store):
+    """The override path reproduces the family's routing: with a negligible bonus, same tokens."""
+    exact = _run(store, arena="1.0")
+    moce = _run(store, arena="1.0", route=True, moce_bonus=1e-9)
+    assert moce.tokens == exact.tokens
+    np.testing.assert_allclose(moce.logprobs, exact.logprobs, atol=2e-3)
+
+
+def test_residency_is_deterministic_under_random_io_delays(store):
+    """Cache-aware routing + read-ahead: identical tokens and residency however long reads take."""
+    cfg = dict(arena="0.4", predictor="layer", lookahead=1, route=True, moce_protect=2, moce_bonus=0.85, gate="confidence")
+    base = _run(store, **cfg)
+    for seed in (1, 2):
+        rng = random.Random(seed)
+
+        def delay(blob):
+            time.sleep(rng.random() * 0.004)
+
+        res = _run(store, delay=delay, **cfg)
+        assert res.tokens == base.tokens
+        assert res.stats["residency_hash"] == base.stats["residency_hash"]
+
+
+def test_io_fault_surfaces_and_engine_recovers(store):
+    with Engine(store[1], arena="0.5", io_workers=3, progress=False) as eng:
+        configure(eng, predictor="layer")
+        calls = {"n": 0}
+
+        def fault(blob):
+            calls["n"] += 1
+            if calls["n"] == 40:
+                raise OSError(f"injected EIO on layer {blob.layer} expert {blob.expert}")
+
+        eng.reader.inject = fault
+        with pytest.raises(OSError, match="injected EIO on layer"):
+            eng.generate(PROMPT, max_tokens=30)
+        arena = eng.arena
+        assert not any(arena.pinned) and not arena.spec and not arena.limbo
+        assert all(arena.key_of[s] == k for k, s in arena.smap.items())
+        assert sorted(arena.free + list(arena.smap.values())) == list(range(arena.n_slots))
+        eng.reader.inject = None
+        ref, _ = resident_greedy(store[0], PROMPT, 6)
+        assert eng.generate(PROMPT, max_tokens=6).tokens == ref
+
+
+def test_short_read_names_the_blob(tiny, tmp_path):
+    import shutil
+
+    from workbench.store.manifest import EXPERTS
+
+    _, src = tiny("qwen3_moe", 4, **SHAPE)
+    dst = tmp_path / "s"
+    shutil.copytree(src, dst)
+    import json
+
+    m = json.loads((dst / "manifest.json").read_text())
+    size = (dst / EXPERTS).stat().st_size
+    m["experts_file_size"] = size - 50000  # pretend the manifest allows it, then cut the file
+    (dst / "manifest.json").write_text(json.dumps(m))
+    with open(dst / EXPERTS, "r+b") as f:
+        f.truncate(size - 50000)
+    with Engine(dst, arena="1.0", progress=False) as eng, pytest.raises(StoreError, match="short read of layer 3 expert"):
+        for start in range(0, 120, 5):
+            eng.generate(list(range(start, start + 10)), max_tokens=3)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (dict(route=True, moce_bonus=0.0), "plain router"),
+    (dict(route=True, moce_protect=9), "between 0 and top-k"),
+    (dict(predictor="layer", lookahead=4), "out of range"),
+    (dict(predictor="psychic"), "unknown predictor"),
+    (dict(predictor="layer", gate="vibes"), "unknown gate"),
+    (dict(gate="confidence"), "also give --predictor"),
+    (dict(unpert=2), "0 or 1"),
+])
+def test_invalid_combinations(store, bad, msg):
+    with Engine(store[1], arena="0.5", progress=False) as eng, pytest.raises(ValueError, match=msg):
+        configure(eng, **bad)

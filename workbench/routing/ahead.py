@@ -1,0 +1,113 @@
+"""Read-ahead in the live engine: predictors feed ``ahead()``, an admission gate filters,
+the arena starts speculative reads (never published, never evicting the target layer).
+
+Predictors (``source``):
+  layer   the target layer's router applied to the current layer's MoE input (distance d)
+  prev    the same layer's router logits at the previous token (target: next token)
+  oracle  the selections recorded in a trace of the same run (an upper bound)
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from ..engine.families import router_logits
+from .gates import make_gate
+from .rank import AHEAD_MODES, ahead_candidates
+
+PREDICTORS = ("layer", "prev", "oracle")
+
+
+class Planner:
+    def __init__(self, engine, predictor="layer", distance=1, mode="unpert1", width=None, p=3, b=0.85, r1=0.0,
+                 gate="none", gate_options=None, oracle=None):
+        if predictor not in PREDICTORS:
+            raise ValueError(f"unknown predictor {predictor!r}; valid: {', '.join(PREDICTORS)}")
+        if mode not in AHEAD_MODES:
+            raise ValueError(f"unknown ahead mode {mode!r}; valid: {', '.join(AHEAD_MODES)}")
+        layers = engine.m.moe_layers
+        if predictor == "layer" and not 1 <= distance < len(layers):
+            raise ValueError(f"lookahead distance {distance} is out of range: the model has {len(layers)} MoE layers, "
+                             f"use 1..{len(layers) - 1}")
+        if predictor in ("layer", "prev") and engine.family is None:
+            raise ValueError(f"predictor {predictor!r} needs the router of family {engine.m.data['model_type']!r}, "
+                             "which the workbench does not know; use --predictor oracle")
+        if predictor == "oracle" and oracle is None:
+            raise ValueError("predictor 'oracle' needs a recorded trace of the same prompt (--oracle-trace FILE)")
+        self.predictor, self.distance, self.mode = predictor, distance, mode
+        # "prev" re-ranks logits whose top-k was just claimed (all mapped): look wider by default
+        self.width = width or engine.top_k * (2 if predictor == "prev" else 1)
+        self.p, self.b, self.r1 = p, b, r1
+        opts = dict(gate_options or {})
+        if gate == "cost":
+            opts.setdefault("bytes", engine.m.expert_bytes)
+        self.gate = make_gate(gate, **opts)
+        self.layers = layers
+        self.pos = {layer: i for i, layer in enumerate(layers)}
+        self.pending: dict[int, np.ndarray] = {}  # target layer -> all eligible candidates
+        self.recent: dict[int, list] = {}  # target layer -> candidates per row (for traces)
+        self.oracle = None if oracle is None else _oracle_table(oracle)
+        self.predict_ns = 0
+
+    def on_route(self, engine, layer, ids) -> None:
+        """The real router chose ``ids`` for ``layer``: teach the gate."""
+        cands = self.pending.pop(layer, None)
+        if cands is not None:
+            self.gate.update(layer, cands, np.unique(ids))
+
+    def after_layer(self, engine, layer) -> None:
+        if engine.counters.phase.get(engine.step) != "decode":
+            return
+        t0 = time.perf_counter_ns()
+        target, z = self._predict(engine, layer)
+        if target is not None:
+            arena = engine.arena
+            mapped = np.zeros(engine.m.n_experts, dtype=bool)
+            lo = target * arena.E
+            for key in arena.smap:
+                if lo <= key < lo + arena.E:
+                    mapped[key - lo] = True
+            cands = ahead_candidates(z, mapped, self.width, self.mode, self.p, self.b, self.r1,
+                                     resident_mask=arena.resident_mask(target))
+            self.pending[target] = cands
+            self.recent[target] = [cands.tolist()]
+            for e in self.gate.filter(target, cands):
+                arena.prefetch(target, e, engine.top_k)
+        engine.counters.row(engine.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
+
+    def _predict(self, engine, layer):
+        E = engine.m.n_experts
+        if self.predictor == "layer":
+            i = self.pos[layer] + self.distance
+            if i >= len(self.layers):
+                return None, None
+            target = self.layers[i]
+            z = router_logits(engine.family, engine.gates[target], engine._moe_in[layer])
+            return target, np.array(z.astype(mx.float32)).reshape(-1, E)
+        if self.predictor == "prev":
+            z = engine._logits.get(layer)
+            return (layer, np.array(z.astype(mx.float32)).reshape(-1, E)) if z is not None else (None, None)
+        i = self.pos[layer] + self.distance
+        step, target = (engine.step, self.layers[i]) if i < len(self.layers) else (engine.step + 1, self.layers[i - len(self.layers)])
+        sel = self.oracle.get((step, target))
+        if sel is None:
+            return None, None
+        z = np.full((1, E), -1e9, dtype=np.float32)
+        z[0, sel] = -np.arange(len(sel), dtype=np.float32)  # recorded order: strongest first
+        return target, z
+
+    def candidates(self, layer) -> dict:
+        c = self.recent.pop(layer, None)
+        return {} if c is None else {self.predictor: c}
+
+    def end(self) -> None:
+        self.pending.clear()
+        self.recent.clear()
+
+
+def _oracle_table(trace) -> dict:
+    dec = trace.decode()
+    return {(int(s), int(l)): np.asarray(sel, dtype=np.int64) for s, l, sel in zip(dec.step, dec.layer, dec.selected)}

@@ -1,0 +1,60 @@
+"""Cache-aware routing ("moce"), opt-in and APPROXIMATE: it changes which experts run.
+
+The first p picks are the router's own; later picks prefer published residents by a bonus b
+(optional r1 from rank 1 up to p). Gate weights come from the *unboosted* scores of the
+chosen set, with the family's own rule. b <= 0 is the plain router (the engine then keeps
+the exact path and never installs this).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..engine.families import gate_weights, router_logits, selection_scores
+from ..engine.streamed import StreamedExperts
+from .rank import moce_select
+
+
+class CacheAwareRouter:
+    def __init__(self, engine, p=3, b=0.85, r1=0.0):
+        k = engine.top_k
+        if engine.family is None:
+            raise ValueError(f"cache-aware routing needs the routing rule of family {engine.m.data['model_type']!r}; "
+                             "supported: qwen3_moe, qwen2_moe, olmoe, mixtral, gpt_oss, deepseek_v3, glm4_moe, ...")
+        if not 0 <= p <= k:
+            raise ValueError(f"--moce-protect p={p} must be between 0 and top-k={k}")
+        if b <= 0:
+            raise ValueError(f"cache-aware routing with bonus b={b} <= 0 is the plain router; give --moce-bonus > 0 "
+                             "or leave --route off")
+        self.p, self.b, self.r1 = p, b, r1
+
+    def forward(self, engine, layer, block, x):
+        fam, gate = engine.family, engine.gates[layer]
+        logits = router_logits(fam, gate, x)
+        if engine.hooks.active and fam.rule != "sigmoid_group":
+            logits = engine.hooks.fire(engine.names[layer]["router.logits"], logits, layer=layer)
+        engine._logits[layer] = logits
+        E, k = logits.shape[-1], engine.top_k
+        z = np.array(logits.astype(mx.float32)).reshape(-1, E)
+        scores = selection_scores(fam, gate, z)
+        inds = moce_select(scores, engine.arena.resident_mask(layer), k, self.p, self.b, self.r1)
+        w = gate_weights(fam, block, z, inds)
+        shape = x.shape[:-1] + (k,)
+        experts = next(m for m in block.children().values() if isinstance(m, StreamedExperts))
+        y = experts(x, mx.array(inds.astype(np.int32)).reshape(shape))
+        y = (y * mx.array(w.astype(np.float32)).reshape(shape)[..., None].astype(y.dtype)).sum(axis=-2).astype(y.dtype)
+        shared = shared_output(block, x)
+        return y if shared is None else y + shared
+
+
+def shared_output(block, x):
+    """Shared (always-on) experts of qwen2_moe / deepseek-style blocks, or None."""
+    if "shared_expert" in block:
+        out = block.shared_expert(x)
+        if "shared_expert_gate" in block:
+            out = mx.sigmoid(block.shared_expert_gate(x)) * out
+        return out
+    if "shared_experts" in block:
+        return block.shared_experts(x)
+    return None
