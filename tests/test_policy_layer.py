@@ -143,3 +143,45 @@ def test_short_read_names_the_blob(tiny, tmp_path):
 def test_invalid_combinations(store, bad, msg):
     with Engine(store[1], arena="0.5", progress=False) as eng, pytest.raises(ValueError, match=msg):
         configure(eng, **bad)
+
+
+def test_prefill_streams_hottest_experts_first_and_keeps_counters_apart(store):
+    from collections import Counter
+
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 128, 40)]
+    with Engine(store[1], arena="0.25", progress=False) as eng:
+        submitted = []
+        with eng.hooks.using([("io.submit", lambda req, layer, **c: submitted.append((eng.step, layer, req.blob.expert)))]):
+            from workbench.hooks import run_with_cache
+
+            res, cache = run_with_cache(eng, prompt, names_filter="layer.0.experts.selected", max_tokens=3)
+        counts = Counter(cache["layer.0.experts.selected"][0].ravel().tolist())
+        first = [e for s, l, e in submitted if s == 0 and l == 0]
+        ranked = sorted(counts, key=lambda e: (-counts[e], e))
+        assert first == ranked  # layer-ranked: most-routed expert read first
+        assert res.stats["prefill"]["misses"] >= len(counts) and res.stats["prefill"]["misses"] > res.stats["misses"]
+        df = res.counters
+        assert set(df[df.step == 0].phase) == {"prefill"}
+
+
+def test_compare_and_ioreplay_cli(store, tmp_path, capsys):
+    import json as js
+
+    from workbench.cli import main
+
+    capsys.readouterr()
+    assert main(["compare", str(store[1]), "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6", "--common", "--arena 0.5",
+                 "--variant", "exact=--predictor layer", "--variant", "route=--predictor layer --route", "--json"]) == 0
+    exact, route = js.loads(capsys.readouterr().out)
+    assert exact["mean_kl"] == 0 and exact["same_tokens"]
+    assert route["mean_kl"] >= 0 and set(exact["prefetch"]) == {"issued", "cancelled_before_read", "partially_read",
+                                                               "completed_unused", "useful_late", "useful_timely"}
+    trace = tmp_path / "t.parquet"
+    assert main(["run", str(store[1]), "--prompt-ids", "1,2,3,4,5", "--max-tokens", "8", "--trace", str(trace),
+                 "--predictor", "layer", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["ioreplay", str(trace), str(store[1]), "--arena", "0.5", "--prefetch", "layer", "--compute-ms", "0.2",
+                 "--json"]) == 0
+    st = js.loads(capsys.readouterr().out)
+    assert st["tokens"] == 8 and st["prefetch"]["issued"] > 0
+    assert st["hits"] + st["misses"] + st["prefetch"]["useful_late"] + st["prefetch"]["useful_timely"] == 8 * 4 * 4

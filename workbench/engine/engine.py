@@ -31,6 +31,14 @@ from .families import family_of, gate_weights, router_logits
 from .streamed import GateProbe, MoEProbe, StreamedExperts, get_path, set_path
 
 
+PREFILL_TOKENS = 8  # batches longer than this use the prefill policy
+
+
+def prefill_cap(layer: int) -> int:
+    """Most experts one prefill wave of ``layer`` may stream (DESIGN.md: 256, 128 from layer 40)."""
+    return 128 if layer >= 40 else 256
+
+
 @dataclass
 class Result:
     tokens: list  # generated ids
@@ -89,6 +97,7 @@ class Engine:
         self.router = None  # cache-aware router (routing.moce), optional; None = exact
         self._moe_in, self._logits = {}, {}
         self._tokenizer = None
+        self._prompt_hot = []
         self.step = 0
 
     @classmethod
@@ -169,8 +178,10 @@ class Engine:
         self.step = 0
         if len(ids) > 1:  # prefill: every prompt token but the last, in one pass
             self._begin_step(0, "prefill", ids[:-1])
+            self._prompt_hot = []
             self.model(mx.array(ids[:-1])[None], cache=cache)
             mx.eval([c.state for c in cache])
+            self._protect_prompt_hot()
         y = mx.array(ids[-1:])
         tokens, times = [], []
         eos = set(getattr(self._tokenizer, "eos_token_ids", None) or []) if stop_at_eos else set()
@@ -206,6 +217,33 @@ class Engine:
         if self._tokenizer is not None or isinstance(prompt, str):
             text = self.tokenizer.decode(tokens)
         return Result(tokens, ids, stats, self.counters.frame(), logprobs, text, times)
+
+    def score(self, tokens) -> np.ndarray:
+        """Log-probabilities of every next token for ``tokens`` (one pass, current routing)."""
+        from mlx_lm.models.cache import make_prompt_cache
+
+        ids = self.encode(tokens)
+        self.counters = self.arena.counters = Counters()
+        self._begin_step(0, "score", ids)
+        self._prompt_hot = []
+        try:
+            logits = self.model(mx.array(ids)[None], cache=make_prompt_cache(self.model))[0].astype(mx.float32)
+            out = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        finally:
+            self.arena.finish_speculation()
+            self.arena.release()
+        return out
+
+    def _protect_prompt_hot(self):
+        """After prefill, keep the experts most used by the prompt hottest in the policy order,
+        leaving about 2*k+32 slots to churn in decode."""
+        budget = self.n_slots - (2 * self.top_k + 32)
+        hot = sorted(self._prompt_hot, reverse=True)[:max(0, budget)]
+        for _, layer, e in reversed(hot):  # coldest first, so the hottest ends most recent
+            key = layer * self.m.n_experts + e
+            if key in self.arena.smap and self.arena.published[self.arena.smap[key]]:
+                self.arena.policy.access(key)
+        self._prompt_hot = []
 
     def _begin_step(self, step, phase, token_ids):
         self.step = self.arena.step = step
@@ -256,12 +294,19 @@ class Engine:
         resident_before = self.arena.published_experts(layer) if self.recorder is not None else None
         if self.planner is not None:
             self.planner.on_route(self, layer, ids)
-        wanted = np.unique(ids)
+        wanted, counts = np.unique(ids, return_counts=True)
         room = self.n_slots - len(self.arena.spec) - len(self.arena.limbo)
-        if len(wanted) <= room:
-            y = self._compute(layer, inner, x, ids, [wanted], c)
-        else:  # a batch wants more experts than the arena holds: run the layer in waves
+        if ids.size // self.top_k > PREFILL_TOKENS:  # prefill: layer-ranked streaming, hottest first
+            room = min(room, prefill_cap(layer))
+            order = [int(e) for _, e in sorted(zip(-counts, wanted))]
+            self._prompt_hot.extend((int(n), layer, int(e)) for n, e in zip(counts, wanted))
+        elif len(wanted) > room:  # resident experts first, then the misses
             order = sorted(wanted, key=lambda e: (not self.arena.is_mapped(layer, e), e))
+        else:
+            order = None
+        if order is None:
+            y = self._compute(layer, inner, x, ids, [wanted], c)
+        else:  # a batch may want more experts than the arena holds: run the layer in waves
             y = self._compute(layer, inner, x, ids, [np.array(order[i:i + room]) for i in range(0, len(order), room)], c)
         if self.recorder is not None:
             self.recorder.add_layer(self, layer, ids, resident_before)

@@ -1,0 +1,120 @@
+"""``workbench compare`` (configurations side by side) and ``workbench ioreplay`` (real I/O, traced routing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+DEFAULT_VARIANTS = (
+    "unpert1=--predictor layer --unpert 1",
+    "unpert0=--predictor layer --unpert 0",
+    "route=--predictor layer --route",
+    "twohit=--predictor layer --unpert 1 --policy twohit",
+)
+ROWS = ("tokens_per_s", "hit_rate", "hits", "misses", "sync_misses", "evictions", "bytes_per_token",
+        "prefetch.issued", "prefetch.cancelled_before_read", "prefetch.partially_read", "prefetch.completed_unused",
+        "prefetch.useful_late", "prefetch.useful_timely", "same_tokens", "mean_kl", "ppl_exact", "ppl_approx",
+        "residency_hash")
+
+
+def compare(model, prompt, max_tokens, variants, base_args, progress=True) -> list[dict]:
+    """Run each ``name=FLAGS`` variant on the same prompt; the first variant is the reference
+    for output identity, and exact decoding is the reference for quality cost."""
+    from .cli import build_parser, open_engine
+    from .engine.quality import quality_cost
+
+    parser = build_parser()
+    out, exact_lp, ref_tokens = [], None, None
+    for spec in variants:
+        name, _, flags = spec.partition("=")
+        args = parser.parse_args(["run", str(model), "--prompt-ids", "0"] + base_args + shlex.split(flags))
+        with open_engine(args, progress=progress) as eng:
+            res = eng.generate(prompt, max_tokens=max_tokens, progress=progress)
+            seq = res.prompt + res.tokens
+            if exact_lp is None:
+                router, planner = eng.router, eng.planner
+                eng.router = eng.planner = None
+                exact_lp = eng.score(seq)
+                exact_tokens = seq
+                eng.router, eng.planner = router, planner
+            approx_lp = eng.score(exact_tokens)
+        s = dict(res.stats)
+        s.update(quality_cost(exact_lp, approx_lp, exact_tokens))
+        ref_tokens = ref_tokens or res.tokens
+        s["same_tokens"] = res.tokens == ref_tokens
+        s["name"], s["flags"], s["tokens_out"] = name, flags, res.tokens
+        out.append(s)
+    return out
+
+
+def table(results) -> str:
+    def get(s, key):
+        a, _, b = key.partition(".")
+        v = s[a][b] if b else s.get(a)
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    names = [r["name"] for r in results]
+    w0 = max(len(r) for r in ROWS)
+    ws = [max(12, len(n)) for n in names]
+    lines = [f"{'':<{w0}}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, ws))]
+    for key in ROWS:
+        lines.append(f"{key:<{w0}}  " + "  ".join(f"{get(r, key):>{w}}" for r, w in zip(results, ws)))
+    return "\n".join(lines)
+
+
+def cmd_compare(args) -> int:
+    from .cli import parse_ids
+    from .data import default_model
+
+    model = args.model or str(default_model())
+    prompt = parse_ids(args.prompt_ids) if args.prompt_ids else (args.prompt or [1, 2, 3, 4, 5, 6, 7, 8])
+    base = shlex.split(args.common) if args.common else []
+    results = compare(model, prompt, args.max_tokens, args.variant or list(DEFAULT_VARIANTS), base, progress=not args.json)
+    print(json.dumps(results) if args.json else table(results))
+    return 0
+
+
+def cmd_ioreplay(args) -> int:
+    from .io.replay import replay_io
+    from .trace.schema import read_trace
+
+    stats = replay_io(read_trace(args.trace), args.store, arena=args.arena, policy=args.policy,
+                      compute_ms=args.compute_ms, prefetch=args.prefetch, distance=args.lookahead,
+                      io_mode=args.io_mode, io_workers=args.io_workers, max_steps=args.max_steps,
+                      progress=not args.json)
+    if args.json:
+        print(json.dumps(stats))
+    else:
+        for k, v in stats.items():
+            print(f"{k:<22} {v}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="run configurations on the same prompt, counters side by side",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="default variants:\n  " + "\n  ".join(DEFAULT_VARIANTS))
+    p.add_argument("model", nargs="?", metavar="MODEL_OR_STORE", help="default: the shipped reference model")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--prompt")
+    g.add_argument("--prompt-ids")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--variant", action="append", help="NAME=FLAGS, e.g. 'u0=--predictor layer --unpert 0' (repeat)")
+    p.add_argument("--common", default="--arena 0.25", help="flags every variant shares (default: --arena 0.25)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("ioreplay", help="replay a trace's routing through the real arena and I/O against any store")
+    p.add_argument("trace")
+    p.add_argument("store", help="a packed store whose expert size you want to study")
+    p.add_argument("--arena", default="0.25")
+    p.add_argument("--policy", default="lru")
+    p.add_argument("--compute-ms", type=float, default=None, help="per-layer compute (default: from the trace's run)")
+    p.add_argument("--prefetch", default=None, help="oracle, or a recorded predictor source (trace column pred_SRC)")
+    p.add_argument("--lookahead", type=int, default=1)
+    p.add_argument("--io-mode", default="buffered")
+    p.add_argument("--io-workers", type=int, default=8)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ioreplay)
