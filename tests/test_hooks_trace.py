@@ -53,10 +53,11 @@ def test_hook_can_replace_router_logits(engine):
 
 
 def test_run_with_hooks_observes_io(engine):
-    seen = []
-    res = run_with_hooks(engine, PROMPT, [("io.submit", lambda req, **c: seen.append(req.blob.size))], max_tokens=3)
-    assert len(seen) == res.stats["misses"] + res.stats["prefill"]["misses"]
-    assert all(s == engine.m.expert_bytes for s in seen)
+    seen, done = [], []
+    res = run_with_hooks(engine, PROMPT, [("io.submit", lambda req, **c: seen.append(req.blob.size)),
+                                          ("io.done", lambda req, **c: done.append(req.bytes_read))], max_tokens=3)
+    assert len(seen) == len(done) == res.stats["misses"] + res.stats["prefill"]["misses"]
+    assert all(s == engine.m.expert_bytes for s in seen + done)
 
 
 def test_counters_per_step_and_layer(engine):

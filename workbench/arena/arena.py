@@ -124,6 +124,8 @@ class Arena:
         finally:
             c["io_wait_ns"] += time.perf_counter_ns() - t0
         for req in waits:
+            if self.hooks.active:
+                self.hooks.fire("io.done", req, layer=layer, expert=req.blob.expert, slot=req.slot)
             if req.claimed == "late":
                 self._outcome(req, "useful_late", layer)
             else:
@@ -281,6 +283,10 @@ class Arena:
         c["bytes_read"] += req.bytes_read
         if self.hooks.active:
             self.hooks.fire("prefetch.outcome", outcome, layer=layer, expert=req.blob.expert, slot=req.slot)
+            if outcome in ("cancelled_before_read", "partially_read"):
+                self.hooks.fire("io.cancel", req, layer=layer, expert=req.blob.expert, slot=req.slot)
+            elif outcome != "useful_late":  # late reads were reported done when waited for
+                self.hooks.fire("io.done", req, layer=layer, expert=req.blob.expert, slot=req.slot)
 
 
 def _unused_outcome(req) -> str:

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up from scratch (virtual environment, package, test extras, Chromium for the browser
+# test) and run the whole test suite. This is the README's test command and what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q -e ".[test]"
+bash scripts/ci_browser_setup.sh python
+python -m pytest "$@"

@@ -1,0 +1,140 @@
+"""Read-path measurements: is the store's read path at the device's limit?
+
+``read_path_table`` compares, cold and warm, (a) a plain sequential read of the experts
+file, (b) buffered ``pread`` into a heap buffer, (c) ``pread`` into a fresh array, and
+(d) ``preadv`` straight into preallocated arena slots through the real I/O scheduler at
+1..N threads, in each read mode the OS offers.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import time
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from ..store.manifest import EXPERTS, Manifest
+from ..store.reader import BlobReader, available_modes
+from .scheduler import IOScheduler, ReadRequest
+
+
+def drop_cache(path) -> None:
+    """Evict a file from the page cache (Linux; a no-op elsewhere)."""
+    if hasattr(os, "posix_fadvise"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def sequential_gbps(path, mode="buffered", chunk=1 << 20, cold=True) -> float:
+    """GB/s of one thread reading the whole file front to back in ``chunk`` pieces."""
+    if cold:
+        drop_cache(path)
+    flags = os.O_RDONLY | (os.O_DIRECT if mode == "direct" else 0)
+    fd = os.open(path, flags)
+    buf = mmap.mmap(-1, chunk)
+    size = os.fstat(fd).st_size
+    t0 = time.perf_counter()
+    off = 0
+    try:
+        while off < size:
+            n = os.preadv(fd, [buf], off)
+            if n <= 0:
+                break
+            off += n
+            if mode == "dontneed":
+                os.posix_fadvise(fd, off - n, n, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return off / (time.perf_counter() - t0) / 1e9
+
+
+def blobs_gbps(store, mode="buffered", threads=4, cold=True, n_slots=64, seed=0) -> float:
+    """GB/s of reading every blob once, in random order, into arena-like slots via the scheduler."""
+    import mlx.core as mx
+
+    m = Manifest.load(store)
+    path = os.path.join(store, EXPERTS)
+    if cold:
+        drop_cache(path)
+    slots = mx.zeros((n_slots, m.expert_bytes), dtype=mx.uint8)
+    mx.eval(slots)
+    raw = memoryview(slots).cast("B")
+    reader = BlobReader(store, m, mode=mode, verify="never")
+    io = IOScheduler(reader, workers=threads, reserved=0)
+    blobs = list(m.blobs.values())
+    random.Random(seed).shuffle(blobs)
+    t0 = time.perf_counter()
+    inflight = []
+    try:
+        for i, b in enumerate(blobs):
+            s = i % n_slots
+            if len(inflight) >= n_slots:
+                io.wait(inflight.pop(0))
+            inflight.append(io.submit(ReadRequest(b, [raw[s * m.expert_bytes:(s + 1) * m.expert_bytes]], s)))
+        for r in inflight:
+            io.wait(r)
+    finally:
+        io.close()
+        reader.close()
+    return sum(b.size for b in blobs) / (time.perf_counter() - t0) / 1e9
+
+
+def copy_variants_gbps(store, cold=True, limit=64) -> dict:
+    """Single-thread GB/s: pread into a heap buffer, pread into a fresh array, preadv into a slot."""
+    import mlx.core as mx
+
+    m = Manifest.load(store)
+    path = os.path.join(store, EXPERTS)
+    blobs = list(m.blobs.values())[:limit]
+    total = sum(b.size for b in blobs)
+    slot = mx.zeros((m.expert_bytes,), dtype=mx.uint8)
+    mx.eval(slot)
+    view = memoryview(slot).cast("B")
+    out = {}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for name in ("pread_heap", "pread_fresh_array", "preadv_slot"):
+            if cold:
+                drop_cache(path)
+            t0 = time.perf_counter()
+            for b in blobs:
+                if name == "pread_heap":
+                    os.pread(fd, b.size, b.offset)
+                elif name == "pread_fresh_array":
+                    a = mx.array(np.frombuffer(os.pread(fd, b.size, b.offset), dtype=np.uint8))
+                    mx.eval(a)
+                else:
+                    os.preadv(fd, [view], b.offset)
+            out[name] = total / (time.perf_counter() - t0) / 1e9
+    finally:
+        os.close(fd)
+    return out
+
+
+def read_path_table(store, threads=(1, 2, 4, 8), modes=None, progress=True) -> pd.DataFrame:
+    """Tidy table: method, mode, threads, cold, gbps, and share of the sequential read in that mode."""
+    path = os.path.join(store, EXPERTS)
+    modes = [m for m in (modes or ("buffered", "dontneed", "direct")) if m in available_modes()]
+    rows = []
+    jobs = [(mode, cold) for mode in modes for cold in ((True, False) if mode == "buffered" else (True,))]
+    for mode, cold in tqdm(jobs, desc="read path", disable=not progress):
+        seq = sequential_gbps(path, mode, cold=cold)
+        rows.append(dict(method="sequential", mode=mode, threads=1, cold=cold, gbps=seq))
+        for t in threads:
+            g = blobs_gbps(store, mode, t, cold=cold)
+            rows.append(dict(method="store blobs (preadv into slots)", mode=mode, threads=t, cold=cold, gbps=g))
+        if mode == "buffered":
+            for name, g in copy_variants_gbps(store, cold=cold).items():
+                rows.append(dict(method=name, mode=mode, threads=1, cold=cold, gbps=g))
+    df = pd.DataFrame(rows)
+    seq = df[df.method == "sequential"].set_index(["mode", "cold"]).gbps
+    df["share_of_sequential"] = [g / seq[(m, c)] for m, c, g in zip(df["mode"], df["cold"], df["gbps"])]
+    return df
