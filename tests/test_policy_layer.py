@@ -185,3 +185,16 @@ def test_compare_and_ioreplay_cli(store, tmp_path, capsys):
     st = js.loads(capsys.readouterr().out)
     assert st["tokens"] == 8 and st["prefetch"]["issued"] > 0
     assert st["hits"] + st["misses"] + st["prefetch"]["useful_late"] + st["prefetch"]["useful_timely"] == 8 * 4 * 4
+
+
+def test_self_draft_and_verify_union_cost(store):
+    from workbench.analysis.drafters import acceptance_table, self_draft_drafter, verify_union_cost
+
+    with Engine(store[1], arena="0.5", progress=False) as eng:
+        target = eng.generate(PROMPT, max_tokens=10).tokens
+        df = acceptance_table(PROMPT, target, {"self_draft": self_draft_drafter(eng)}, g_values=(3,))
+        assert 0 <= df.acceptance.iloc[0] <= 1 and df.passes.iloc[0] >= 4
+        one = verify_union_cost(eng, PROMPT, target[:1])
+        four = verify_union_cost(eng, PROMPT, target[:4])
+        assert one["accepted"] == 1 and four["accepted"] == 4  # drafts equal to greedy output all pass
+        assert eng.top_k <= one["union_experts"] <= four["union_experts"] <= 4 * eng.top_k * len(eng.m.moe_layers)

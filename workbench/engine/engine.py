@@ -28,6 +28,7 @@ from ..store.reader import BlobReader
 from .arena_size import arena_slots
 from .counters import Counters, summarize
 from .families import family_of, gate_weights, router_logits
+from .speculative import SpeculativeMixin
 from .streamed import GateProbe, MoEProbe, StreamedExperts, get_path, set_path
 
 
@@ -74,7 +75,7 @@ def resolve_store(path, progress=True) -> Path:
     return store
 
 
-class Engine:
+class Engine(SpeculativeMixin):
     def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
                  io_mode="buffered", verify="first", progress=True):
         self.root = Path(store)
