@@ -9,5 +9,7 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 python -m pip install -q -e ".[test]"
+# optional cross-check against libCacheSim (GPL; not every platform has a wheel)
+python -m pip install -q libcachesim || echo "libcachesim unavailable here: the cross-check test will say it was skipped"
 bash scripts/ci_browser_setup.sh python
 python -m pytest "$@"

@@ -58,3 +58,21 @@ def test_read_modes_agree(tiny):
         with Engine(store, arena="0.25", io_mode=mode, verify="always", progress=False) as eng:
             outs[mode] = eng.generate(PROMPT, max_tokens=6).tokens
     assert len(set(map(tuple, outs.values()))) == 1, outs
+
+
+def test_all_resident_fast_path_is_exact(tiny):
+    """Once every expert is resident, slots are mapped on the device without a host sync per layer."""
+    model_dir, store = tiny("qwen3_moe", 4)
+    ref, ref_lp = resident_greedy(model_dir, PROMPT, 40)
+    with Engine(store, arena="1.0", progress=False) as eng:
+        eng.generate(list(range(0, 128, 3)), max_tokens=2)  # touch every expert
+        res = eng.generate(PROMPT, max_tokens=40)
+        slow = Engine(store, arena="1.0", progress=False, fast_resident=False)
+        slow.generate(list(range(0, 128, 3)), max_tokens=2)
+        res_slow = slow.generate(PROMPT, max_tokens=40)
+        slow.close()
+    assert res.stats["fast_path_tokens"] > 30 and res_slow.stats["fast_path_tokens"] == 0
+    assert res.tokens == ref == res_slow.tokens
+    np.testing.assert_allclose(res.logprobs, ref_lp, atol=1e-4)
+    assert res.stats["hits"] == res_slow.stats["hits"] == 40 * 2 * 2 and res.stats["misses"] == 0
+    assert list(eng.arena.policy.order()) == list(slow.arena.policy.order())
