@@ -198,3 +198,17 @@ def test_self_draft_and_verify_union_cost(store):
         four = verify_union_cost(eng, PROMPT, target[:4])
         assert one["accepted"] == 1 and four["accepted"] == 4  # drafts equal to greedy output all pass
         assert eng.top_k <= one["union_experts"] <= four["union_experts"] <= 4 * eng.top_k * len(eng.m.moe_layers)
+
+
+def test_static_hotlist_is_preloaded_and_pinned(store, tmp_path):
+    hot = tmp_path / "hot.txt"
+    hot.write_text("# layer expert\n0 1\n0 2\n3 7\n")
+    with Engine(store[1], arena="0.25", policy="static", policy_options={"hotlist": str(hot)}, progress=False) as eng:
+        E = eng.m.n_experts
+        assert {0 * E + 1, 0 * E + 2, 3 * E + 7} <= set(eng.arena.smap)
+        eng.generate(PROMPT, max_tokens=12)
+        assert {0 * E + 1, 0 * E + 2, 3 * E + 7} <= set(eng.arena.smap)  # never evicted
+    bad = tmp_path / "bad.txt"
+    bad.write_text("9 1\n")
+    with pytest.raises(ValueError, match="outside the model"):
+        Engine(store[1], arena="0.25", policy="static", policy_options={"hotlist": str(bad)}, progress=False)

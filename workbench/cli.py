@@ -20,6 +20,7 @@ def parse_ids(text: str) -> list[int]:
 def add_engine_args(p):
     p.add_argument("--arena", default="0.25", help="fraction of routed experts (0.25), slot count (64) or size (2GB)")
     p.add_argument("--policy", default="lru", help="eviction policy (lru, slru, twohit, ds4, static, s3fifo, lfu, fifo)")
+    p.add_argument("--hotlist", help="hotlist file for --policy static or ds4 (KEY or LAYER EXPERT per line)")
     p.add_argument("--io-workers", type=int, default=8)
     p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--io-mode", default="buffered", help="buffered | dontneed | direct | nocache")
@@ -39,7 +40,8 @@ def add_engine_args(p):
 
 def engine_kwargs(args) -> dict:
     return dict(arena=args.arena, policy=args.policy, io_workers=args.io_workers, io_reserved=args.io_reserved,
-                io_mode=args.io_mode, verify=args.verify)
+                io_mode=args.io_mode, verify=args.verify,
+                policy_options={"hotlist": args.hotlist} if args.hotlist else None)
 
 
 def cmd_pack(args) -> int:

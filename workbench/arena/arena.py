@@ -37,7 +37,8 @@ class Arena:
         self.io = scheduler
         self.counters = counters
         self.hooks = hooks
-        self.policy = make_policy(policy, n_slots, **(policy_options or {}))
+        n_keys = (max(manifest.moe_layers) + 1) * self.E
+        self.policy = make_policy(policy, n_slots, n_keys=n_keys, n_experts=self.E, **(policy_options or {}))
         self.tensors = {t.name: mx.zeros((n_slots, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
         mx.eval(list(self.tensors.values()))
         raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
@@ -54,6 +55,16 @@ class Arena:
         self.free = list(range(n_slots))
         self.gen = 0
         self.step = 0
+
+    def preload(self, keys) -> None:
+        """Read ``keys`` (a policy's warm set, e.g. a hotlist) before the first request, published."""
+        by_layer: dict[int, list[int]] = {}
+        for key in keys[: self.n_slots]:
+            by_layer.setdefault(key // self.E, []).append(key % self.E)
+        for layer, experts in by_layer.items():
+            for i in range(0, len(experts), self.n_slots):
+                self.at_layer(layer, sorted(experts[i:i + self.n_slots]))
+                self.release()
 
     # ---- residency queries -------------------------------------------------------------
     def published_experts(self, layer: int) -> list[int]:

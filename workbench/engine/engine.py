@@ -95,6 +95,7 @@ class Engine(SpeculativeMixin):
         self.io = IOScheduler(self.reader, workers=io_workers, reserved=min(io_reserved, io_workers))
         self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, policy, policy_options)
         self.model = self._build_model()
+        self.arena.preload(self.arena.policy.warm_keys())
         self.recorder = None
         self.planner = None  # read-ahead planner (routing.ahead), optional
         self.router = None  # cache-aware router (routing.moce), optional; None = exact

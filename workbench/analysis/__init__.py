@@ -1,0 +1,11 @@
+"""Analyses that turn traces and model weights into tidy tables (pandas DataFrames).
+
+lookahead    router lookahead recovery by distance, previous token, extra candidates
+cosine       expert cosine, residual norm after mean subtraction, singular-value energy
+gates        gate weight by slot, drop-weakest block error
+union        MTP union over windows and the streaming-bound speedup bound
+drafters     drafter acceptance (draft model, n-gram prompt lookup; self-draft hook)
+calibration  predictor precision and claim probability q (reliability)
+ledger       reference claims of DESIGN section 4 vs our measurements
+bounds       static / Belady bounds and hit curves (separate owner)
+"""

@@ -1,0 +1,1 @@
+"""Altair charts (charts.py) and the offline renderer / export helpers (render.py)."""

@@ -1,0 +1,259 @@
+"""One altair chart per analysis table (workbench.analysis.*).
+
+Every chart takes the tidy DataFrame its analysis returns, aggregates before plotting (so the
+inlined data stays small), and uses one colour scheme: ``color_scale`` maps predictor sources,
+policies and drafters to fixed colours, so a source keeps its colour across charts.
+Save with ``workbench.viz.render.save_chart``.
+"""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+# Fixed colours for names that recur across charts (Tableau 10 based); others cycle PALETTE.
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
+NAMED_COLORS = {
+    "d=0": "#bab0ac", "d=1": "#4e79a7", "d=2": "#76b7b2", "d=3": "#59a14f", "d=4": "#edc948",
+    "prev_token": "#e15759", "oracle": "#9c755f",
+    "lru": "#4e79a7", "slru": "#76b7b2", "two_hit": "#f28e2b", "ds4": "#e15759", "static": "#59a14f",
+    "s3fifo": "#b07aa1", "lfu": "#edc948", "belady": "#000000", "knapsack": "#9c755f",
+    "draft_model": "#4e79a7", "ngram": "#f28e2b", "self_draft": "#e15759",
+    "False": "#4e79a7", "True": "#f28e2b",
+}
+
+
+def color_scale(domain) -> alt.Scale:
+    """A Scale giving each name its fixed colour (NAMED_COLORS) and the rest the palette in order."""
+    domain = [str(d) for d in domain]
+    spare = iter([c for c in PALETTE if c not in {NAMED_COLORS.get(d) for d in domain}] + PALETTE)
+    return alt.Scale(domain=domain, range=[NAMED_COLORS.get(d) or next(spare) for d in domain])
+
+
+def _title(text, subtitle=None):
+    return alt.TitleParams(text, subtitle=subtitle or [], anchor="start")
+
+
+# --------------------------------------------------------------------------- lookahead
+def lookahead_chart(table: pd.DataFrame) -> alt.HConcatChart:
+    """Left: recovery by layer per source (k' = k). Right: mean recovery vs candidates k' per source."""
+    t = table.copy()
+    t["source"] = t["source"].astype(str)
+    order = sorted(t["source"].unique(), key=lambda s: (s == "prev_token", s))
+    sc = color_scale(order)
+    base = t[t["k_pred"] == t["k"]]
+    k = int(base["k"].iloc[0]) if len(base) else int(t["k"].iloc[0])
+    by_layer = alt.Chart(base, title=_title("Lookahead recovery by layer", f"top-{k}, |pred ∩ actual| / k")).mark_line(point=True).encode(
+        x=alt.X("layer:O", title="layer", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("recovery:Q", title="recovery (share of actual top-k)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("source:N", scale=sc, sort=order, title="predictor source"),
+        tooltip=["source", "layer", alt.Tooltip("recovery:Q", format=".1%"), "n"],
+    ).properties(width=360, height=240)
+    summ = t.groupby(["source", "k_pred"], as_index=False)["recovery"].mean()
+    by_k = alt.Chart(summ, title=_title("Recovery vs candidates read", "mean over layers")).mark_line(point=True).encode(
+        x=alt.X("k_pred:Q", title="candidates per layer k'", scale=alt.Scale(zero=False), axis=alt.Axis(values=sorted(int(v) for v in summ["k_pred"].unique()), format="d")),
+        y=alt.Y("recovery:Q", title="coverage of actual top-k", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("source:N", scale=sc, sort=order, title="predictor source"),
+        tooltip=["source", "k_pred", alt.Tooltip("recovery:Q", format=".1%")],
+    ).properties(width=260, height=240)
+    return alt.hconcat(by_layer, by_k)
+
+
+# --------------------------------------------------------------------------- cosine
+def cosine_chart(pairs_or_hist: pd.DataFrame, summary: pd.DataFrame | None = None, bins: int = 40) -> alt.Chart:
+    """Histogram of pairwise expert cosine (all layers pooled), with the mean marked."""
+    from workbench.analysis.cosine import cosine_histogram
+
+    h = pairs_or_hist if "bin_lo" in pairs_or_hist.columns else cosine_histogram(pairs_or_hist, bins)
+    pooled = h.groupby(["bin_lo", "bin_hi"], as_index=False)["count"].sum()
+    pooled["share"] = pooled["count"] / max(1, pooled["count"].sum())
+    mean = None
+    if summary is not None:
+        mean = float(summary["mean_cosine"].mean())
+    elif "cosine" in pairs_or_hist.columns:
+        mean = float(pairs_or_hist["cosine"].mean())
+    sub = f"mean {mean:+.3f} over {h['layer'].nunique()} layer(s)" if mean is not None else None
+    bars = alt.Chart(pooled, title=_title("Pairwise cosine of flattened experts", sub)).mark_bar(color=PALETTE[0]).encode(
+        x=alt.X("bin_lo:Q", bin="binned", title="cosine similarity"), x2="bin_hi:Q",
+        y=alt.Y("share:Q", title="share of expert pairs", axis=alt.Axis(format="%")),
+        tooltip=[alt.Tooltip("bin_lo:Q", format=".3f"), alt.Tooltip("bin_hi:Q", format=".3f"), "count:Q"],
+    )
+    layers = [bars]
+    if mean is not None:
+        layers.append(alt.Chart(pd.DataFrame({"mean": [mean]})).mark_rule(color=PALETTE[2], strokeDash=[4, 3]).encode(x="mean:Q"))
+    return alt.layer(*layers).properties(width=420, height=240)
+
+
+def energy_chart(energy: pd.DataFrame, share: float | None = 0.9, max_layers: int = 12) -> alt.Chart:
+    """Cumulative singular-value energy share vs rank, one line per layer (at most ``max_layers``)."""
+    e = energy.copy()
+    layers = sorted(e["layer"].unique())
+    if len(layers) > max_layers:
+        keep = [layers[i] for i in np.linspace(0, len(layers) - 1, max_layers).round().astype(int)]
+        e = e[e["layer"].isin(keep)]
+    n = int(e["rank"].max())
+    lines = alt.Chart(e, title=_title("Singular-value energy of stacked experts",
+                                      f"E x P matrix per layer, {n} experts{' (mean removed)' if e['centered'].any() else ''}")).mark_line().encode(
+        x=alt.X("rank:Q", title="rank (number of singular vectors)"),
+        y=alt.Y("energy_share:Q", title="cumulative energy share", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
+        tooltip=["layer", "rank", alt.Tooltip("energy_share:Q", format=".1%")],
+    )
+    parts = [lines]
+    if share is not None:
+        parts.append(alt.Chart(pd.DataFrame({"share": [share]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(y="share:Q"))
+    return alt.layer(*parts).properties(width=420, height=240)
+
+
+# --------------------------------------------------------------------------- gates
+def gate_slot_chart(table: pd.DataFrame) -> alt.Chart:
+    """Mean normalized gate weight by slot: thin line per layer, mean over layers bold."""
+    mean = table.groupby("slot", as_index=False)["mean_weight"].mean()
+    k = int(table["slot"].max())
+    per_layer = alt.Chart(table).mark_line(opacity=0.25, color=PALETTE[0]).encode(
+        x=alt.X("slot:O", title="slot (1 = strongest)", axis=alt.Axis(labelAngle=0)), y=alt.Y("mean_weight:Q"), detail="layer:N")
+    avg = alt.Chart(mean).mark_line(point=True, color=PALETTE[2], strokeWidth=3).encode(
+        x="slot:O", y=alt.Y("mean_weight:Q", title="mean normalized gate weight"),
+        tooltip=["slot", alt.Tooltip("mean_weight:Q", format=".3f")])
+    even = alt.Chart(pd.DataFrame({"even": [1 / k]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(y="even:Q")
+    return alt.layer(per_layer, avg, even).properties(
+        width=380, height=240, title=_title("Gate weight by slot", f"thin: each layer, bold: mean; dashed: 1/k = {1 / k:.3f}"))
+
+
+def drop_weakest_chart(table: pd.DataFrame) -> alt.Chart:
+    """Relative L2 error of the MoE output vs number of weakest experts dropped (mean over layers, band = min..max)."""
+    t = table.copy()
+    t["renorm"] = t["renorm"].map({True: "renormalized", False: "not renormalized"})
+    agg = t.groupby(["dropped", "renorm"], as_index=False).agg(rel_error=("rel_error", "mean"), lo=("rel_error", "min"),
+                                                               hi=("rel_error", "max"))
+    sc = alt.Scale(domain=["not renormalized", "renormalized"], range=[PALETTE[0], PALETTE[1]])
+    line = alt.Chart(agg).mark_line(point=True).encode(
+        x=alt.X("dropped:O", title="weakest experts dropped", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("rel_error:Q", title="relative L2 error of block output", axis=alt.Axis(format="%")),
+        color=alt.Color("renorm:N", scale=sc, title="kept weights"),
+        tooltip=["dropped", "renorm", alt.Tooltip("rel_error:Q", format=".1%")])
+    band = alt.Chart(agg).mark_area(opacity=0.15).encode(x="dropped:O", y="lo:Q", y2="hi:Q",
+                                                         color=alt.Color("renorm:N", scale=sc))
+    return alt.layer(band, line).properties(width=380, height=240,
+                                            title=_title("Drop-weakest block error", "mean over layers; band: layer min..max"))
+
+
+# --------------------------------------------------------------------------- union and speedup
+def union_chart(table: pd.DataFrame, slope: float | None = None) -> alt.Chart:
+    """Distinct experts per window of g tokens: thin line per layer, mean bold, linear fit and no-overlap k·g dashed."""
+    k = table.attrs.get("k")
+    layer_rows = table[table["scope"] == "layer"] if "scope" in table.columns else table
+    mean = table[table["scope"] == "mean"] if "scope" in table.columns else table.groupby("g", as_index=False)["union"].mean()
+    k = k or float(mean.loc[mean["g"] == mean["g"].min(), "union"].iloc[0])
+    gs = np.arange(1, int(mean["g"].max()) + 1)
+    ref = [pd.DataFrame({"g": gs, "union": k * gs, "curve": "no overlap (k·g)"})]
+    if slope is not None:
+        ref.append(pd.DataFrame({"g": gs, "union": k * (1 + slope * (gs - 1)), "curve": f"fit k(1+{slope:.2f}(g-1))"}))
+    ref = pd.concat(ref)
+    parts = []
+    if len(layer_rows):
+        parts.append(alt.Chart(layer_rows.astype({"layer": "int64"})).mark_line(opacity=0.2, color=PALETTE[0]).encode(
+            x="g:Q", y="union:Q", detail="layer:N"))
+    parts.append(alt.Chart(ref).mark_line(strokeDash=[4, 3]).encode(
+        x="g:Q", y="union:Q", color=alt.Color("curve:N", title="", scale=alt.Scale(range=["#888", PALETTE[1]]))))
+    parts.append(alt.Chart(mean[["g", "union"]]).mark_line(point=alt.OverlayMarkDef(color=PALETTE[2]), color=PALETTE[2],
+                                                           strokeWidth=3).encode(
+        x=alt.X("g:Q", title="window g (consecutive tokens)", axis=alt.Axis(values=[int(g) for g in gs], format="d")), y=alt.Y("union:Q", title="distinct experts per layer"),
+        tooltip=["g", alt.Tooltip("union:Q", format=".2f")]))
+    return alt.layer(*parts).properties(width=380, height=260,
+                                        title=_title("Experts to read for a window of g tokens", f"top-{int(k)}; bold: mean over layers"))
+
+
+def speedup_chart(grid: pd.DataFrame) -> alt.Chart:
+    """Streaming-bound speedup vs acceptance: one line per window g, best-over-g bold, 1x dashed."""
+    g = grid.copy()
+    best = g.loc[g.groupby("acceptance")["speedup"].idxmax()]
+    lines = alt.Chart(g).mark_line(opacity=0.7).encode(
+        x=alt.X("acceptance:Q", title="per-token acceptance a", axis=alt.Axis(format="%")),
+        y=alt.Y("speedup:Q", title="speedup bound (x plain decode)"),
+        color=alt.Color("g:O", title="window g", scale=alt.Scale(scheme="tableau10")),
+        tooltip=["g", alt.Tooltip("acceptance:Q", format=".0%"), alt.Tooltip("speedup:Q", format=".3f")])
+    env = alt.Chart(best).mark_line(color="black", strokeWidth=2.5).encode(
+        x="acceptance:Q", y="speedup:Q", tooltip=[alt.Tooltip("acceptance:Q", format=".0%"), "g", alt.Tooltip("speedup:Q", format=".3f")])
+    one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(y="y:Q")
+    return alt.layer(lines, env, one).properties(width=420, height=260, title=_title(
+        "MTP speedup bound, streaming-bound decode", "E[tokens](g)/(union(g)/k); black: best g"))
+
+
+def acceptance_chart(table: pd.DataFrame) -> alt.Chart:
+    """Drafter acceptance by window g, one colour per drafter."""
+    order = list(dict.fromkeys(table["drafter"]))
+    return alt.Chart(table, title=_title("Drafter acceptance", "accepted / tested drafts, greedy target")).mark_bar().encode(
+        x=alt.X("g:O", title="window g", axis=alt.Axis(labelAngle=0)), xOffset=alt.XOffset("drafter:N", sort=order),
+        y=alt.Y("acceptance:Q", title="per-token acceptance", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("drafter:N", scale=color_scale(order), sort=order, title="drafter"),
+        tooltip=["drafter", "g", alt.Tooltip("acceptance:Q", format=".1%"), alt.Tooltip("tokens_per_pass:Q", format=".2f")],
+    ).properties(width=380, height=240)
+
+
+# --------------------------------------------------------------------------- calibration
+def precision_chart(table: pd.DataFrame) -> alt.Chart:
+    """Precision of predicted candidates by rank, per source, with Wilson 95% intervals."""
+    t = table.groupby(["source", "rank"], as_index=False)[["n", "claimed"]].sum() if "layer" in table.columns else table.copy()
+    if "ci_lo" not in t.columns or "layer" in table.columns:
+        from workbench.analysis.calibration import _wilson
+
+        t["precision"] = t["claimed"] / t["n"]
+        t["ci_lo"], t["ci_hi"] = _wilson(t["claimed"], t["n"])
+    order = sorted(t["source"].astype(str).unique())
+    sc = color_scale(order)
+    pts = alt.Chart(t).mark_line(point=True).encode(
+        x=alt.X("rank:O", title="candidate rank (1 = best)", axis=alt.Axis(labelAngle=0)),
+        y=alt.Y("precision:Q", title="precision (share claimed)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("source:N", scale=sc, title="predictor source"),
+        tooltip=["source", "rank", alt.Tooltip("precision:Q", format=".1%"), "n"])
+    err = alt.Chart(t).mark_errorbar().encode(x="rank:O", y="ci_lo:Q", y2="ci_hi:Q", color=alt.Color("source:N", scale=sc))
+    return alt.layer(err, pts).properties(width=380, height=240, title=_title("Predictor precision by rank", "bars: Wilson 95%"))
+
+
+def reliability_chart(table: pd.DataFrame) -> alt.Chart:
+    """Reliability diagram: mean predicted q vs observed claim frequency per bin (size = count)."""
+    color = alt.Color("source:N", scale=color_scale(sorted(table["source"].unique())), title="predictor source") \
+        if "source" in table.columns else alt.value(PALETTE[0])
+    diag = alt.Chart(pd.DataFrame({"q": [0.0, 1.0]})).mark_line(color="#888", strokeDash=[4, 3]).encode(x="q:Q", y="q:Q")
+    pts = alt.Chart(table).mark_line(point=True).encode(
+        x=alt.X("mean_q:Q", title="predicted probability q", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("observed:Q", title="observed claim frequency", scale=alt.Scale(domain=[0, 1])),
+        color=color, tooltip=[alt.Tooltip("mean_q:Q", format=".3f"), alt.Tooltip("observed:Q", format=".3f"), "n"])
+    size = alt.Chart(table).mark_point(filled=True).encode(x="mean_q:Q", y="observed:Q", size=alt.Size("n:Q", title="candidates"), color=color)
+    return alt.layer(diag, pts, size).properties(width=300, height=300, title=_title(
+        "Reliability of claim probability q", "held-out trace; dashed: perfect calibration"))
+
+
+# --------------------------------------------------------------------------- bounds (teammate's tables)
+def hit_curve_chart(table: pd.DataFrame, x: str | None = None, y: str | None = None, color: str | None = None) -> alt.Chart:
+    """Hit rate vs capacity. Column names are guessed (slots/capacity, hit_rate/hits, policy/layer) unless given."""
+    cols = list(table.columns)
+    x = x or next((c for c in ("slots", "capacity", "slots_per_layer", "budget_bytes") if c in cols), cols[0])
+    y = y or next((c for c in ("hit_rate", "hits", "hit_ratio") if c in cols), cols[1])
+    color = color or next((c for c in ("policy", "layer", "source") if c in cols), None)
+    enc = dict(x=alt.X(f"{x}:Q", title=x.replace("_", " ")),
+               y=alt.Y(f"{y}:Q", title=y.replace("_", " "), axis=alt.Axis(format="%") if "rate" in y or "ratio" in y else alt.Axis()),
+               tooltip=[x, y] + ([color] if color else []))
+    if color:
+        dom = sorted(table[color].astype(str).unique())
+        enc["color"] = alt.Color(f"{color}:N", scale=color_scale(dom), title=color)
+    return alt.Chart(table.astype({color: str}) if color else table, title=_title("Hit rate vs capacity")).mark_line(point=True).encode(
+        **enc).properties(width=400, height=250)
+
+
+# --------------------------------------------------------------------------- ledger
+def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
+    """Measured / reference per claim (1 = reproduced), coloured by verdict; unmeasured claims omitted."""
+    t = ledger.dropna(subset=["measured"]).copy()
+    t["ratio"] = t["measured"] / t["reference"]
+    t["verdict_kind"] = t["verdict"].str.split(":").str[0]
+    sc = alt.Scale(domain=["matches", "differs"], range=[PALETTE[4], PALETTE[2]])
+    dots = alt.Chart(t).mark_point(filled=True, size=70).encode(
+        y=alt.Y("id:N", title="claim", sort=list(t["id"])), x=alt.X("ratio:Q", title="measured / reference"),
+        color=alt.Color("verdict_kind:N", scale=sc, title="verdict"),
+        tooltip=["id", "reference", "measured", "verdict", "inputs_verdict"])
+    one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(x="x:Q")
+    return alt.layer(one, dots).properties(width=360, height=max(120, 18 * len(t)),
+                                           title=_title("Claims ledger", "1 = reproduces the reference"))

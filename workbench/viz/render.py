@@ -1,0 +1,105 @@
+"""Offline-first altair setup and figure export.
+
+Measured (DESIGN section 7): with no network, altair's default html renderer fails (it loads
+vega from a CDN), ``mimetype`` shows a placeholder in JupyterLab 4, ``jupyter`` shows nothing;
+the ``svg`` renderer (vl-convert, in-process) renders, also inside an ipywidgets ``Output``.
+
+    from workbench.viz.render import use_offline_renderer, save_chart
+    use_offline_renderer()                 # svg renderer + row-capping data transformer
+    save_chart(chart, "out/lookahead")     # -> [out/lookahead.png, out/lookahead.svg]
+
+``use_interactive_renderer()`` opts into an interactive renderer when vega is reachable.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+import altair as alt
+import pandas as pd
+
+TRANSFORMER = "workbench"
+DEFAULT_MAX_ROWS = 5000
+
+
+def capped_values(data, max_rows: int | None = DEFAULT_MAX_ROWS, random_state: int = 0):
+    """Data transformer: inline the data as values, sampling it down to ``max_rows`` (with a
+    warning) instead of raising MaxRowsError. Charts in charts.py aggregate first, so this is a
+    fallback for ad-hoc charts on raw tables."""
+    if max_rows is not None and isinstance(data, pd.DataFrame) and len(data) > max_rows:
+        warnings.warn(f"chart data has {len(data)} rows; sampling {max_rows} of them "
+                      f"(aggregate first, or use_offline_renderer(max_rows=None) to inline all)", stacklevel=2)
+        data = data.sample(n=max_rows, random_state=random_state).sort_index()
+    return alt.to_values(data)
+
+
+if TRANSFORMER not in alt.data_transformers.names():
+    alt.data_transformers.register(TRANSFORMER, capped_values)
+
+
+def use_offline_renderer(renderer: str = "svg", max_rows: int | None = DEFAULT_MAX_ROWS) -> None:
+    """Render charts offline (vl-convert ``svg`` by default, or ``png``) and cap inlined rows."""
+    if renderer not in ("svg", "png"):
+        raise ValueError(f"offline renderers are 'svg' and 'png', got {renderer!r}; "
+                         "use use_interactive_renderer() for html/jupyter")
+    try:
+        import vl_convert  # noqa: F401
+    except ImportError:
+        raise ImportError("the offline renderer needs vl-convert-python: pip install vl-convert-python") from None
+    alt.renderers.enable(renderer)
+    alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows)
+
+
+def use_interactive_renderer(renderer: str = "jupyter", max_rows: int | None = DEFAULT_MAX_ROWS) -> None:
+    """Opt in to an interactive renderer (needs the vega libraries: network or a local install)."""
+    alt.renderers.enable(renderer)
+    alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows)
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_chart(chart: alt.TopLevelMixin, path_stem, formats: Iterable[str] = ("png", "svg"), scale: float = 2.0,
+               max_rows: int | None = DEFAULT_MAX_ROWS) -> list[Path]:
+    """Write ``chart`` as PATH_STEM.png / .svg (/ .json / .html) offline via vl-convert; returns the paths."""
+    import vl_convert as vlc
+
+    stem = Path(path_stem)
+    if stem.suffix in (".png", ".svg"):
+        stem = stem.with_suffix("")
+    with alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows):
+        spec = chart.to_dict()
+    vl_version = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+    kw = {"vl_version": vl_version} if vl_version in vlc.get_vegalite_versions() else {}
+    out = []
+    for fmt in formats:
+        p = stem.with_name(stem.name + "." + fmt)
+        if fmt == "png":
+            data = vlc.vegalite_to_png(spec, scale=scale, **kw)
+        elif fmt == "svg":
+            data = vlc.vegalite_to_svg(spec, **kw).encode()
+        elif fmt == "json":
+            import json
+
+            data = json.dumps(spec, indent=1).encode()
+        elif fmt == "html":
+            data = vlc.vegalite_to_html(spec, bundle=True, **kw).encode()
+        else:
+            raise ValueError(f"unknown chart format {fmt!r}; use png, svg, json or html")
+        _atomic_bytes(p, data)
+        out.append(p)
+    return out
