@@ -212,3 +212,16 @@ def test_static_hotlist_is_preloaded_and_pinned(store, tmp_path):
     bad.write_text("9 1\n")
     with pytest.raises(ValueError, match="outside the model"):
         Engine(store[1], arena="0.25", policy="static", policy_options={"hotlist": str(bad)}, progress=False)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "mixtral", "gpt_oss"])
+def test_cache_aware_override_reproduces_family_routing(tiny, family):
+    """With a negligible bonus the engine's routing override picks what the family's own code picks
+    (group-limited sigmoid routing included) and the output matches exact decoding."""
+    _, store = tiny(family, 4)
+    with Engine(store, arena="1.0", progress=False) as eng:
+        exact = eng.generate(PROMPT, max_tokens=8)
+        configure(eng, route=True, moce_bonus=1e-9, moce_protect=1)
+        moce = eng.generate(PROMPT, max_tokens=8)
+    assert moce.tokens == exact.tokens
+    np.testing.assert_allclose(moce.logprobs, exact.logprobs, atol=2e-3)

@@ -45,9 +45,17 @@ def router_logits(fam: Family, gate, x: mx.array) -> mx.array:
 
 def selection_scores(fam: Family, gate, logits: np.ndarray) -> np.ndarray:
     """The scores the family ranks experts by (what cache-aware routing boosts)."""
-    if fam.rule == "sigmoid_group":
-        return 1 / (1 + np.exp(-logits)) + np.asarray(gate.e_score_correction_bias, dtype=np.float32)
-    return logits
+    if fam.rule != "sigmoid_group":
+        return logits
+    s = 1 / (1 + np.exp(-logits)) + np.asarray(gate.e_score_correction_bias, dtype=np.float32)
+    n_group, keep = getattr(gate, "n_group", 1), getattr(gate, "topk_group", 1)
+    if n_group > 1:  # group-limited: zero the groups whose best-two sum is lowest, as mlx-lm does
+        g = s.reshape(*s.shape[:-1], n_group, -1)
+        group_scores = np.sort(g, axis=-1)[..., -2:].sum(-1)
+        drop = np.argsort(group_scores, axis=-1, kind="stable")[..., : n_group - keep]
+        np.put_along_axis(g, drop[..., None], 0.0, axis=-2)
+        s = g.reshape(s.shape)
+    return s
 
 
 def gate_weights(fam: Family, block, logits: np.ndarray, inds: np.ndarray) -> np.ndarray:
