@@ -92,7 +92,7 @@ class Arena:
             if s is not None:
                 self.pinned[s] = True
                 self._pins.append(s)
-        waits, fresh = [], []
+        waits, batch = [], []
         t0 = time.perf_counter_ns()
         try:
             for key in keys:
@@ -105,7 +105,7 @@ class Arena:
                         self._outcome(req, "useful_timely", layer)
                     elif req.finished:  # cancelled or failed before it was claimed: read it now
                         self._outcome(req, "partially_read" if req.bytes_read else "cancelled_before_read", layer)
-                        waits.append(self._read(s, key, c))
+                        waits.append(self._read(s, key, batch))
                     else:
                         req.claimed = "late"
                         self.io.promote(req)
@@ -125,8 +125,8 @@ class Arena:
                     c["sync_misses"] += 1
                     if self.hooks.active:
                         self.hooks.fire("cache.miss", key, layer=layer, expert=key - layer * self.E, slot=s)
-                    fresh.append(key)
-                    waits.append(self._read(s, key, c))
+                    waits.append(self._read(s, key, batch))
+            self.io.submit_many(batch)
             self._wait_all(waits)
         except BaseException:
             self._drop_failed(waits)
@@ -226,21 +226,25 @@ class Arena:
         self.smap[key] = s
         self.published[s] = False
 
-    def _read(self, s, key, c) -> ReadRequest:
+    def _read(self, s, key, batch) -> ReadRequest:
+        """A demand read of ``key`` into slot ``s``, queued with ``batch`` (submitted together)."""
         layer, expert = divmod(key, self.E)
         req = ReadRequest(self.m.blob(layer, expert), self.views[s], s)
         req.step = self.step
-        self._submit(req, layer)
+        self._submit(req, layer, batch)
         return req
 
-    def _submit(self, req, layer):
+    def _submit(self, req, layer, batch=None):
         prev = self.last_req[req.slot]
         if prev is not None and not prev.finished:
             prev.event.wait()  # a slot never takes a new read while its last one is running
         self.last_req[req.slot] = req
         if self.hooks.active:
             self.hooks.fire("io.submit", req, layer=layer, expert=req.blob.expert, slot=req.slot)
-        self.io.submit(req)
+        if batch is None:
+            self.io.submit(req)
+        else:
+            batch.append(req)
 
     def _victim(self, avoid_layer=None, required=True):
         if self.free:
@@ -270,6 +274,8 @@ class Arena:
 
     def _wait_all(self, reqs):
         error = None
+        for req in reversed(reqs):  # workers take the queue front; the decode thread helps from the back
+            self.io.help(req)
         for req in reqs:
             req.event.wait()
             if req.error is not None and error is None:

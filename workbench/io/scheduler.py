@@ -38,7 +38,7 @@ class ReadRequest:
 
 
 class IOScheduler:
-    def __init__(self, reader, workers: int = 8, reserved: int = 2, on_done=None):
+    def __init__(self, reader, workers: int = 8, reserved: int = 2, on_done=None, inline_below: int = 256 * 1024):
         if workers < 1:
             raise ValueError(f"io workers must be >= 1, got {workers}")
         if not 0 <= reserved <= workers:
@@ -48,6 +48,7 @@ class IOScheduler:
         self.spec: deque = deque()
         self.cv = threading.Condition()
         self.on_done = on_done
+        self.inline_below = inline_below
         self._stop = False
         self.workers = workers
         self.reserved = reserved if workers > 1 else 0
@@ -60,8 +61,22 @@ class IOScheduler:
         req.t_submit = time.perf_counter_ns()
         with self.cv:
             (self.urgent if req.urgent else self.spec).append(req)
-            self.cv.notify_all()
+            self.cv.notify()
         return req
+
+    def submit_many(self, reqs) -> None:
+        """Queue urgent reads. The thread that will wait for them reads too (see ``help``): it
+        wakes one worker fewer than there are reads, and none for small blobs (below
+        ``inline_below`` bytes), where a thread hand-off costs more than the read itself."""
+        if not reqs:
+            return
+        now = time.perf_counter_ns()
+        with self.cv:
+            for req in reqs:
+                req.t_submit = now
+                (self.urgent if req.urgent else self.spec).append(req)
+            if reqs[0].blob.size >= self.inline_below:
+                self.cv.notify(len(reqs) - 1)
 
     def promote(self, req: ReadRequest) -> None:
         """A queued speculative read becomes urgent (it is wanted now)."""
@@ -70,7 +85,7 @@ class IOScheduler:
             if req.state == QUEUED and req in self.spec:
                 self.spec.remove(req)
                 self.urgent.append(req)
-                self.cv.notify_all()
+                self.cv.notify()
 
     def cancel(self, req: ReadRequest) -> None:
         with self.cv:
@@ -83,9 +98,34 @@ class IOScheduler:
                 req.cancel_flag = True
 
     def wait(self, req: ReadRequest) -> None:
+        self.help(req)
         req.event.wait()
         if req.error is not None:
             raise req.error
+
+    def help(self, req: ReadRequest) -> None:
+        """The waiting thread reads ``req`` itself if no worker has started it yet: a demand miss
+        then costs one read, not a read plus two thread hand-offs."""
+        with self.cv:
+            if req.state != QUEUED or not req.urgent or req not in self.urgent:
+                return
+            self.urgent.remove(req)
+            req.state = RUNNING
+        self._run(req)
+
+    def _run(self, req: ReadRequest) -> None:
+        req.t_start = time.perf_counter_ns()
+        try:
+            req.bytes_read = self.reader.read(req.blob, req.views, lambda: req.cancel_flag)
+            state = CANCELLED if req.bytes_read < req.blob.size else DONE
+        except BaseException as e:  # surfaces on the decode thread via wait()
+            req.error, state = e, FAILED
+        with self.cv:
+            req.state = state
+            req.t_done = time.perf_counter_ns()
+            req.event.set()
+        if self.on_done is not None:
+            self.on_done(req)
 
     def close(self):
         with self.cv:
@@ -115,15 +155,4 @@ class IOScheduler:
                 if req is None:
                     return
                 req.state = RUNNING
-            req.t_start = time.perf_counter_ns()
-            try:
-                req.bytes_read = self.reader.read(req.blob, req.views, lambda: req.cancel_flag)
-                state = CANCELLED if req.bytes_read < req.blob.size else DONE
-            except BaseException as e:  # surfaces on the decode thread via wait()
-                req.error, state = e, FAILED
-            with self.cv:
-                req.state = state
-                req.t_done = time.perf_counter_ns()
-                req.event.set()
-            if self.on_done is not None:
-                self.on_done(req)
+            self._run(req)
