@@ -114,3 +114,16 @@ def test_cli_run_json_and_trace(tiny, tmp_path, capsys):
     t = read_trace(path)
     assert t.moe_layers == [1, 2]  # deepseek's first layer is dense
     assert t.routes.weights.notna().all()
+
+
+def test_page_cache_hits_are_counted_apart(tiny):
+    from workbench.io.readpath import drop_cache
+
+    _, store = tiny("qwen3_moe", 4)
+    with Engine(store, arena="0.5", progress=False) as eng:
+        warm = eng.generate(PROMPT, max_tokens=6)
+        assert warm.stats["misses"] > 0 and warm.stats["page_cache_hits"] == warm.stats["misses"]
+        drop_cache(store / "experts.bin")
+        probe = eng.reader.page_cache
+        blob = next(iter(eng.m.blobs.values()))
+        assert probe.cached(blob.offset, blob.size) in (False, None)  # some filesystems ignore DONTNEED

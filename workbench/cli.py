@@ -92,6 +92,7 @@ def summary_table(s: dict) -> str:
         ("tokens/s", f"{s['tokens_per_s']:.2f} (median {s['median_token_ms']:.2f} ms/token)"),
         ("arena", f"{s['arena_slots']} of {s['routed_experts']} experts ({s['expert_bytes'] / 1e6:.3f} MB each)"),
         ("hits / misses", f"{s['hits']} / {s['misses']} (hit rate {s['hit_rate']:.1%}), {s['evictions']} evictions"),
+        ("page-cache hits", f"{s['page_cache_hits']} of the misses were already in the OS page cache"),
         ("bytes read", f"{s['bytes_read'] / 1e6:.2f} MB ({s['bytes_per_token'] / 1e6:.3f} MB/token)"),
         ("io wait / compute", f"{s['io_wait_s']:.3f} s / {s['compute_s']:.3f} s"),
         ("prefetch", ", ".join(f"{k} {v}" for k, v in pf.items())),

@@ -123,6 +123,9 @@ class Arena:
                     self.policy.admit(key)
                     c["misses"] += 1
                     c["sync_misses"] += 1
+                    blob = self.m.blob(layer, key - layer * self.E)
+                    if self.io.reader.page_cache.cached(blob.offset, blob.size):
+                        c["page_cache_hits"] += 1
                     if self.hooks.active:
                         self.hooks.fire("cache.miss", key, layer=layer, expert=key - layer * self.E, slot=s)
                     waits.append(self._read(s, key, batch))

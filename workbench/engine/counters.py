@@ -9,7 +9,7 @@ import pandas as pd
 from ..arena.arena import OUTCOMES
 
 PREFETCH_KEYS = ("issued",) + OUTCOMES
-BASE = ("hits", "misses", "sync_misses", "evictions", "bytes_read", "io_wait_ns", "compute_ns")
+BASE = ("hits", "misses", "sync_misses", "page_cache_hits", "evictions", "bytes_read", "io_wait_ns", "compute_ns")
 
 
 class Counters:
@@ -50,6 +50,7 @@ def summarize(tot: dict) -> dict:
     claims = hits + misses + prefetch["useful_late"] + prefetch["useful_timely"]
     return {
         "hits": hits, "misses": misses, "sync_misses": int(tot.get("sync_misses", 0)),
+        "page_cache_hits": int(tot.get("page_cache_hits", 0)),
         "evictions": int(tot.get("evictions", 0)), "bytes_read": int(tot.get("bytes_read", 0)),
         "hit_rate": (hits + prefetch["useful_timely"] + prefetch["useful_late"]) / claims if claims else 0.0,
         "io_wait_s": tot.get("io_wait_ns", 0) / 1e9, "compute_s": tot.get("compute_ns", 0) / 1e9,

@@ -51,10 +51,12 @@ class BlobReader:
 
             fcntl.fcntl(self.fd, fcntl.F_NOCACHE, 1)
         self._verified: set = set()
+        self.page_cache = PageCacheProbe(self.fd, os.fstat(self.fd).st_size)
         self._local = threading.local()
         self.inject = None  # tests: fn(blob) that may sleep or raise, called before each piece
 
     def close(self):
+        self.page_cache.close()
         for fd in (self.fd, self.dfd):
             if fd is not None:
                 os.close(fd)
@@ -132,27 +134,41 @@ class BlobReader:
         self._verified.add((blob.layer, blob.expert))
 
 
-def page_cache_fraction(fd: int, offset: int, size: int) -> float | None:
-    """Share of a file range resident in the OS page cache (mincore), or None if unknown."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
+class PageCacheProbe:
+    """Tells whether a blob is already in the OS page cache (Linux ``mincore`` on one
+    read-only mapping of the experts file), so page-cache hits are counted apart from
+    arena hits. ``cached`` returns None where the OS cannot say."""
 
-    libc = _libc()
-    page = mmap.PAGESIZE
-    start = offset - offset % page
-    length = offset + size - start
-    addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
-    if addr in (None, ctypes.c_void_p(-1).value):
-        return None
-    try:
-        n = -(-length // page)
-        vec = (ctypes.c_ubyte * n)()
-        if libc.mincore(ctypes.c_void_p(addr), length, vec) != 0:
+    def __init__(self, fd: int, size: int):
+        self.addr = None
+        if not sys.platform.startswith("linux") or size == 0:
+            return
+        import ctypes
+
+        libc = _libc()
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr not in (None, ctypes.c_void_p(-1).value):
+            self.addr, self.size, self.libc = addr, size, libc
+            self.vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
+
+    def cached(self, offset: int, length: int) -> bool | None:
+        if self.addr is None:
             return None
-        return sum(b & 1 for b in vec) / n
-    finally:
-        libc.munmap(ctypes.c_void_p(addr), length)
+        import ctypes
+
+        page = mmap.PAGESIZE
+        start = offset - offset % page
+        n = -(-(offset + length - start) // page)
+        if self.libc.mincore(ctypes.c_void_p(self.addr + start), n * page, self.vec) != 0:
+            return None
+        return all(self.vec[i] & 1 for i in range(n))
+
+    def close(self):
+        if self.addr is not None:
+            import ctypes
+
+            self.libc.munmap(ctypes.c_void_p(self.addr), self.size)
+            self.addr = None
 
 
 _LIBC = None
