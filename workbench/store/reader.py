@@ -51,6 +51,7 @@ class BlobReader:
 
             fcntl.fcntl(self.fd, fcntl.F_NOCACHE, 1)
         self._verified: set = set()
+        self._pieces: dict = {}
         self.page_cache = PageCacheProbe(self.fd, os.fstat(self.fd).st_size)
         self._local = threading.local()
         self.inject = None  # tests: fn(blob) that may sleep or raise, called before each piece
@@ -63,7 +64,17 @@ class BlobReader:
         self.fd = self.dfd = None
 
     def pieces(self, views):
-        """Split the slot's buffers into pieces of at most piece_bytes (cancellable units)."""
+        """Split the slot's buffers into pieces of at most piece_bytes (cancellable units).
+        A slot's buffers never change, so the split is computed once per slot."""
+        key = id(views)
+        hit = self._pieces.get(key)
+        if hit is not None and hit[0] is views:
+            return hit[1]
+        out = self._split(views)
+        self._pieces[key] = (views, out)
+        return out
+
+    def _split(self, views):
         out, cur, size = [], [], 0
         for v in views:
             pos = 0
@@ -73,21 +84,20 @@ class BlobReader:
                 pos += take
                 size += take
                 if size == self.piece_bytes:
-                    out.append(cur)
+                    out.append((cur, size))
                     cur, size = [], 0
         if cur:
-            out.append(cur)
+            out.append((cur, size))
         return out
 
     def read(self, blob: Blob, views, cancelled=lambda: False) -> int:
         """Read ``blob`` into ``views``; returns bytes read (less than blob.size if cancelled)."""
         done = 0
-        for piece in self.pieces(views):
+        for piece, n in self.pieces(views):
             if cancelled():
                 return done
             if self.inject is not None:
                 self.inject(blob)
-            n = sum(len(p) for p in piece)
             got = self._read_piece(blob.offset + done, piece, n)
             if got != n:
                 raise StoreError(
@@ -161,7 +171,7 @@ class PageCacheProbe:
         n = -(-(offset + length - start) // page)
         if self.libc.mincore(ctypes.c_void_p(self.addr + start), n * page, self.vec) != 0:
             return None
-        return all(self.vec[i] & 1 for i in range(n))
+        return all(b & 1 for b in ctypes.string_at(self.vec, n))
 
     def close(self):
         if self.addr is not None:
