@@ -164,14 +164,12 @@ class PageCacheProbe:
     def cached(self, offset: int, length: int) -> bool | None:
         if self.addr is None:
             return None
-        import ctypes
-
         page = mmap.PAGESIZE
         start = offset - offset % page
         n = -(-(offset + length - start) // page)
-        if self.libc.mincore(ctypes.c_void_p(self.addr + start), n * page, self.vec) != 0:
+        if self.libc.mincore(self.addr + start, n * page, self.vec) != 0:
             return None
-        return all(b & 1 for b in ctypes.string_at(self.vec, n))
+        return all(b & 1 for b in self.vec[:n])
 
     def close(self):
         if self.addr is not None:
