@@ -331,7 +331,10 @@ class Engine(SpeculativeMixin):
         resident_before = self.arena.published_experts(layer) if self.recorder is not None else None
         if self.planner is not None:
             self.planner.on_route(self, layer, ids)
-        wanted, counts = np.unique(ids, return_counts=True)
+        if ids.size == self.top_k:  # one token: its top-k ids are distinct already
+            wanted, counts = np.sort(ids.reshape(-1)), np.ones(self.top_k, dtype=np.int64)
+        else:
+            wanted, counts = np.unique(ids, return_counts=True)
         room = self.n_slots - len(self.arena.spec) - len(self.arena.limbo)
         if ids.size // self.top_k > PREFILL_TOKENS:  # prefill: layer-ranked streaming, hottest first
             room = min(room, prefill_cap(layer))
