@@ -1,0 +1,97 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,jupytext
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · MTP union: does speculative decoding pay when every verify pass streams experts?
+#
+# A verify pass over g drafted tokens must read the **union** of the experts all g tokens
+# route to. If decode is streaming-bound (time ∝ experts read), a pass costs
+# cost(g) = union(g) / k plain steps and yields E(g) = (1 − aᵍ) / (1 − a) tokens at
+# per-token acceptance a. The **speedup bound** is the best over g of E(g) / cost(g).
+#
+# Reference (top-8): union 8.00, 13.42, 17.99, 35.01 for g = 1, 2, 3, 8 (about
+# k(1 + 0.58(g − 1))); claimed 1.83× ceiling, 1.30× at 90 %, 1.08× at 80 %, a net loss
+# below about 72 %. We measure the union on our model and recompute the claims from their
+# own table (type any table in below).
+
+# %% tags=["parameters"]
+model = None        # mlx-lm model dir; None: the shipped reference model
+prompt = None       # text or token ids; None: the first held-out workload prompt
+max_tokens = 64     # decoded tokens in the recorded trace
+g_max = 8           # largest window g
+union_text = "1:8,2:13.42,3:17.99,8:35.01"  # a typed-in union table G:UNION (the reference)
+union_k = 8         # top-k of the typed-in table
+small = False       # CI preset (fewer tokens)
+
+# %%
+import numpy as np
+
+from workbench.analysis.union import (break_even, ceiling, fit_union_slope, parse_union_table, speedup_bound,
+                                      speedup_grid, union_by_window, union_table)
+from workbench.viz import charts
+from workbench.viz import widgets as wb
+
+wb.setup()
+run = wb.record(model, prompt, max_tokens=max_tokens)
+measured = union_by_window(run.trace, range(1, min(g_max, max_tokens) + 1))
+k = int(measured.attrs["k"])
+slope = fit_union_slope(measured, k)
+print(f"model: {run.model}; top-{k}; {run.stats['tokens']} tokens ({run.stats['distinct_tokens']} distinct); "
+      f"fitted slope s = {slope:.3f}")
+
+# %% [markdown]
+# ## Union on our model
+
+# %%
+wb.show(charts.union_chart(measured, slope), "union_measured")
+
+# %%
+ACC = np.round(np.linspace(0, 0.99, 100), 3)
+grid = speedup_grid(union_table(measured), k, ACC)
+wb.show(charts.speedup_chart(grid), "speedup_measured")
+
+# %%
+c, be = ceiling(measured, k), break_even(measured, k)
+wb.table(speedup_bound(measured, k, [0.6, 0.7, 0.8, 0.9, 0.95, 0.99]),
+         f"Best window per acceptance (measured union). Ceiling {c['speedup']:.3f}x at g={c['g']}; "
+         + (f"drafting pays above a = {be['acceptance']:.3f} (g={be['g']})" if be["g"] else "drafting never pays"))
+
+# %% [markdown]
+# ## Typed-in union tables
+#
+# Type a union table as `G:UNION` pairs. *mode* says which windows the bound may use: only the
+# typed g (`table`), every g in between by linear interpolation (`interp`), or the linear fit
+# (`fit`). These choices move the claimed numbers; the chart shows how much.
+
+# %%
+def render(union_text, union_k, mode):
+    u = parse_union_table(union_text)
+    if union_k < 1:
+        raise ValueError("k must be >= 1")
+    grid = speedup_grid(u, int(union_k), ACC, mode=mode)
+    c, be = ceiling(u, int(union_k), mode=mode), break_even(u, int(union_k), mode=mode)
+    bound = speedup_bound(u, int(union_k), [0.7, 0.72, 0.8, 0.9, 0.99], mode=mode)
+    note = (f"k = {int(union_k)}, slope s = {fit_union_slope(u, int(union_k)):.3f}: ceiling **{c['speedup']:.3f}×** "
+            f"(g={c['g']}); " + (f"drafting pays above **a = {be['acceptance']:.3f}** (g={be['g']})"
+                                 if be["g"] else "no window g ≥ 2 ever pays"))
+    return [("speedup_typed", charts.speedup_chart(grid)), note, ("bound", wb.table(bound, "Best window per acceptance"))]
+
+
+wb.panel(render, {
+    "union_text": wb.text("union table", union_text, placeholder="1:8,2:13.42,3:17.99,8:35.01"),
+    "union_k": wb.slider("k", 1, 16, 1, value=int(union_k), expensive=False),
+    "mode": wb.dropdown("mode", ["table", "interp", "fit"], value="table"),
+}, name="speedup_typed", title="Speedup bound from a typed union table")

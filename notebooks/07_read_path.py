@@ -1,0 +1,92 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,jupytext
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Read path: is the store's read path at the device's limit?
+#
+# Streaming decode is bounded by how fast expert blobs reach arena slots. We compare, cold
+# (page cache dropped) and warm, in each read mode this OS offers:
+#
+# * a plain **sequential read** of the experts file: the device's practical limit,
+# * the **store's blob reads** into preallocated arena slots (`preadv`, zero-copy) through the
+#   real I/O scheduler at 1..N threads,
+# * single-thread copies: `pread` into a heap buffer, `pread` into a fresh array, `preadv` into
+#   a slot.
+#
+# Reference (24 GB M4, 1.18 MB blocks): 1.89 / 1.49 / 2.62 GB/s for heap / fresh array / slot.
+# Small blobs (our reference model's experts are far smaller than 1 MB) are latency-bound:
+# pass `store=` a store with big experts (e.g. `bench/bench_readpath.py` builds one) to study
+# the SSD regime of a large model.
+
+# %% tags=["parameters"]
+store = None              # a workbench store (or mlx-lm model dir); None: the reference model's store
+threads = "1,2,4,8"       # I/O worker counts to try
+modes = "buffered,dontneed,direct"  # read modes to try (those this OS lacks are skipped)
+small = False             # CI preset (fewer threads and modes)
+
+# %%
+import platform
+
+import pandas as pd
+
+from workbench.engine.engine import resolve_store
+from workbench.io.readpath import blobs_gbps, read_path_table, sequential_gbps
+from workbench.store.manifest import EXPERTS, Manifest
+from workbench.store.reader import available_modes
+from workbench.viz import widgets as wb
+
+wb.setup()
+store_dir = resolve_store(wb.model_path(store))
+m = Manifest.load(store_dir)
+THREADS = [int(t) for t in str(threads).split(",") if t.strip()]
+MODES = [x for x in str(modes).split(",") if x.strip() in available_modes()]
+print(f"store: {store_dir}\n{len(m.blobs)} blobs of {m.expert_bytes / 1e6:.3f} MB "
+      f"({len(m.blobs) * m.expert_bytes / 1e6:.1f} MB in all); read modes here: {', '.join(available_modes())}; "
+      f"{platform.system()} {platform.machine()}")
+
+# %%
+table = read_path_table(store_dir, threads=THREADS, modes=MODES)
+wb.table(table, "GB/s by method, read mode, threads and cache state")
+
+# %%
+wb.show(wb.readpath_chart(table, subtitle=f"{m.expert_bytes / 1e6:.3f} MB blobs; "
+                                          "grey: one sequential read of the same file, same mode"), "read_path")
+
+# %% [markdown]
+# ## Live: one mode, one thread count
+#
+# Each change re-reads every blob of the store (cold drops the page cache first).
+
+# %%
+def render(mode, n_threads, cold):
+    seq = sequential_gbps(store_dir / EXPERTS, mode, cold=cold)
+    rows = [dict(method="sequential", mode=mode, threads=1, cold=cold, gbps=seq)]
+    for t in sorted({1, n_threads}):
+        rows.append(dict(method="store blobs (preadv into slots)", mode=mode, threads=t, cold=cold,
+                         gbps=blobs_gbps(store_dir, mode, t, cold=cold)))
+    df = pd.DataFrame(rows)
+    df["share_of_sequential"] = df["gbps"] / seq
+    best = df[df.method != "sequential"]["share_of_sequential"].max()
+    sub = f"{m.expert_bytes / 1e6:.3f} MB blobs, {len(m.blobs)} of them; grey: one sequential read of the same file"
+    return [("read_path_live", wb.readpath_chart(df, subtitle=sub)),
+            f"Best store read: **{best:.0%}** of the sequential read ({seq:.2f} GB/s) in mode `{mode}`."]
+
+
+wb.panel(render, {
+    "mode": wb.dropdown("read mode", MODES, value=MODES[0]),
+    "n_threads": wb.slider("I/O threads", 1, 16, 1, value=max(THREADS)),
+    "cold": wb.checkbox("cold (drop the page cache first)", True),
+}, name="read_path_live", title="Read path")
