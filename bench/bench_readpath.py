@@ -28,12 +28,13 @@ def big_store() -> Path:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--store")
+    ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     store = Path(a.store) if a.store else big_store()
-    df = read_path_table(store)
-    print(f"store {store} | {platform.machine()} {platform.system()}")
+    df = read_path_table(store, reps=a.reps)
+    print(f"store {store} | {platform.machine()} {platform.system()} | medians of {a.reps}")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    best = df[df.method.str.startswith("store")].groupby(["mode", "cold"]).share_of_sequential.max()
+    best = df[df.method.str.startswith("store")].groupby(["method", "mode", "cold"]).share_of_sequential.max()
     print("\nbest store-read share of sequential, by mode:")
     print(best.to_string(float_format=lambda v: f"{v:.1%}"))
 

@@ -56,8 +56,9 @@ def sequential_gbps(path, mode="buffered", chunk=1 << 20, cold=True) -> float:
     return off / (time.perf_counter() - t0) / 1e9
 
 
-def blobs_gbps(store, mode="buffered", threads=4, cold=True, n_slots=64, seed=0) -> float:
-    """GB/s of reading every blob once, in random order, into arena-like slots via the scheduler."""
+def blobs_gbps(store, mode="buffered", threads=4, cold=True, n_slots=64, seed=0, order="random") -> float:
+    """GB/s of reading every blob once (``order``: "random", as decode does, or "file") into
+    arena-like slots through the real scheduler and reader."""
     import mlx.core as mx
 
     m = Manifest.load(store)
@@ -70,7 +71,8 @@ def blobs_gbps(store, mode="buffered", threads=4, cold=True, n_slots=64, seed=0)
     reader = BlobReader(store, m, mode=mode, verify="never")
     io = IOScheduler(reader, workers=threads, reserved=0)
     blobs = list(m.blobs.values())
-    random.Random(seed).shuffle(blobs)
+    if order == "random":
+        random.Random(seed).shuffle(blobs)
     t0 = time.perf_counter()
     inflight = []
     try:
@@ -119,21 +121,28 @@ def copy_variants_gbps(store, cold=True, limit=64) -> dict:
     return out
 
 
-def read_path_table(store, threads=(1, 2, 4, 8), modes=None, progress=True) -> pd.DataFrame:
-    """Tidy table: method, mode, threads, cold, gbps, and share of the sequential read in that mode."""
+def read_path_table(store, threads=(1, 2, 4, 8), modes=None, reps=1, progress=True) -> pd.DataFrame:
+    """Tidy table: method, mode, threads, cold, gbps (median of ``reps``), and share of the
+    sequential read in the same mode and temperature."""
+    import statistics
+
     path = os.path.join(store, EXPERTS)
     modes = [m for m in (modes or ("buffered", "dontneed", "direct")) if m in available_modes()]
     rows = []
     jobs = [(mode, cold) for mode in modes for cold in ((True, False) if mode == "buffered" else (True,))]
+    med = lambda f: statistics.median(f() for _ in range(reps))  # noqa: E731
     for mode, cold in tqdm(jobs, desc="read path", disable=not progress):
-        seq = sequential_gbps(path, mode, cold=cold)
+        seq = med(lambda: sequential_gbps(path, mode, cold=cold))
         rows.append(dict(method="sequential", mode=mode, threads=1, cold=cold, gbps=seq))
-        for t in threads:
-            g = blobs_gbps(store, mode, t, cold=cold)
-            rows.append(dict(method="store blobs (preadv into slots)", mode=mode, threads=t, cold=cold, gbps=g))
+        for order in ("random", "file"):
+            for t in threads:
+                g = med(lambda: blobs_gbps(store, mode, t, cold=cold, order=order))
+                rows.append(dict(method=f"store blobs, {order} order", mode=mode, threads=t, cold=cold, gbps=g))
         if mode == "buffered":
-            for name, g in copy_variants_gbps(store, cold=cold).items():
-                rows.append(dict(method=name, mode=mode, threads=1, cold=cold, gbps=g))
+            variants = [copy_variants_gbps(store, cold=cold) for _ in range(reps)]
+            for name in variants[0]:
+                rows.append(dict(method=name, mode=mode, threads=1, cold=cold,
+                                 gbps=statistics.median(v[name] for v in variants)))
     df = pd.DataFrame(rows)
     seq = df[df.method == "sequential"].set_index(["mode", "cold"]).gbps
     df["share_of_sequential"] = [g / seq[(m, c)] for m, c, g in zip(df["mode"], df["cold"], df["gbps"])]
