@@ -1,0 +1,44 @@
+"""The shipped reference model through the streaming engine: exact, and with real structure."""
+
+import numpy as np
+import pytest
+
+from conftest import resident_greedy
+from workbench.data import REFERENCE, workload
+from workbench.engine.engine import Engine
+from workbench.trace.recorder import TraceRecorder
+from workbench.trace.schema import read_trace
+
+pytestmark = pytest.mark.skipif(not (REFERENCE / "config.json").exists(), reason="reference model not shipped")
+
+
+@pytest.fixture(scope="module")
+def prompt_ids():
+    with Engine.open(REFERENCE, arena="1.0", progress=False) as eng:
+        return eng.encode(workload("code_heldout")[0]["text"])[-40:]
+
+
+def test_streamed_equals_resident_on_heldout_prompt(prompt_ids):
+    ref, ref_lp = resident_greedy(REFERENCE, prompt_ids, 12)
+    with Engine.open(REFERENCE, arena="0.1", progress=False) as eng:
+        res = eng.generate(prompt_ids, max_tokens=12)
+    assert res.tokens == ref
+    np.testing.assert_allclose(res.logprobs, ref_lp, atol=1e-4)
+    assert res.stats["misses"] > 0 and res.stats["evictions"] > 0
+
+
+def test_trained_router_has_structure(prompt_ids, tmp_path):
+    """Unlike a random router, the trained one predicts ahead: layer L+1's router applied to layer L's
+    MoE input recovers far more of L+1's experts than chance (k/E = 12.5%)."""
+    from workbench.analysis.lookahead import lookahead_recovery, lookahead_summary, routers_from_model
+
+    path = tmp_path / "ref.parquet"
+    with Engine.open(REFERENCE, arena="0.25", progress=False) as eng:
+        eng.generate(prompt_ids, max_tokens=16, trace=TraceRecorder(path, moe_input=True))
+    from mlx_lm.utils import load_model
+
+    routers = routers_from_model(load_model(REFERENCE)[0])
+    trace = read_trace(path)
+    summary = lookahead_summary(lookahead_recovery(trace, routers, distances=(1,), prev_token=False))
+    d1 = float(summary[summary.distance == 1].recovery.iloc[0]) if "distance" in summary else float(summary.recovery.iloc[0])
+    assert d1 > 0.3, summary
