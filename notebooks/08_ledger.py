@@ -39,7 +39,7 @@ import pandas as pd
 from workbench.analysis._common import load_mlx_model
 from workbench.analysis.cosine import cosine_summary, expert_grams, experts_from_model
 from workbench.analysis.gates import drop_weakest_error, gate_by_slot, mlx_expert_outputs
-from workbench.analysis.ledger import build_ledger, measured_from_tables
+from workbench.analysis.ledger import build_ledger, ledger_extras, measured_from_tables
 from workbench.analysis.lookahead import lookahead_recovery, lookahead_summary, routers_from_model
 from workbench.analysis.union import union_by_window
 from workbench.viz import charts
@@ -58,7 +58,8 @@ tables = dict(
     drop_weakest=drop_weakest_error(run.trace, mlx_expert_outputs(mlx_model), max_rows_per_layer=128),
     union=union_by_window(run.trace, range(1, min(8, max_tokens) + 1)),
 )
-measured = measured_from_tables(**tables)
+extra = ledger_extras(run, self_draft=not small)
+measured = measured_from_tables(**tables, extra=extra)
 ledger = build_ledger(measured, model=str(run.model))
 print(f"model: {run.model}; {len(measured)} of {len(ledger)} claims measured")
 

@@ -42,3 +42,24 @@ def test_trained_router_has_structure(prompt_ids, tmp_path):
     summary = lookahead_summary(lookahead_recovery(trace, routers, distances=(1,), prev_token=False))
     d1 = float(summary[summary.distance == 1].recovery.iloc[0]) if "distance" in summary else float(summary.recovery.iloc[0])
     assert d1 > 0.3, summary
+
+
+def test_ledger_extras_measure_bounds_readpath_and_self_draft(prompt_ids, tmp_path):
+    from workbench.analysis.ledger import build_ledger, ledger_extras
+    from workbench.trace.recorder import TraceRecorder
+
+    class Run:  # what notebooks get from workbench.viz.widgets.record
+        pass
+
+    run = Run()
+    path = tmp_path / "r.parquet"
+    with Engine.open(REFERENCE, arena="1.0", progress=False) as eng:
+        run.result = eng.generate(prompt_ids, max_tokens=12, trace=TraceRecorder(path))
+    run.trace = read_trace(path)
+    extra = ledger_extras(run, self_draft=True)
+    assert set(extra) == {"bounds.static_knapsack", "bounds.lru", "readpath.pread_heap", "readpath.pread_fresh",
+                          "readpath.preadv_slot", "selfdraft.acceptance", "selfdraft.speed"}
+    assert all(np.isfinite(v) and v >= 0 for v in extra.values())
+    assert 0 <= extra["bounds.lru"] <= 1 and 0 <= extra["selfdraft.acceptance"] <= 1
+    ledger = build_ledger(extra)
+    assert ledger.set_index("id").loc["bounds.lru", "measured"] == pytest.approx(extra["bounds.lru"])

@@ -188,3 +188,41 @@ def measured_from_tables(lookahead_summary: pd.DataFrame | None = None, cosine_s
         out["selfdraft.acceptance"] = float(drafters[drafters["drafter"] == "self_draft"]["acceptance"].mean())
     out.update(extra or {})
     return out
+
+
+def ledger_extras(run, budget_share: float = 0.25, self_draft: bool = True) -> dict[str, float]:
+    """The ledger rows that need the engine, the simulator or the disk, measured on ``run``
+    (a recorded generation of our model: ``run.trace``, ``run.result``): static-pinning
+    knapsack bound and LRU hit rate at a byte budget of ``budget_share`` of all routed experts
+    (the reference's 9 GB is of another model), the three single-copy read paths on our
+    store, and self-draft acceptance and speed (drafting with resident experts only)."""
+    from ..io.readpath import copy_variants_gbps
+    from ..sim import replay
+    from .bounds import knapsack_bound
+
+    trace, store = run.trace, trace_store(run.trace)
+    budget = budget_share * len(trace.moe_layers) * trace.n_experts * trace.meta["expert_bytes"]
+    g = copy_variants_gbps(store, cold=True)
+    out = {"bounds.static_knapsack": float(knapsack_bound(trace, [budget], phase="decode")["hit_rate"].iloc[0]),
+           "bounds.lru": float(replay(trace, "lru", arena=budget_share, phase="decode").to_dict()["hit_rate"]),
+           "readpath.pread_heap": g["pread_heap"], "readpath.pread_fresh": g["pread_fresh_array"],
+           "readpath.preadv_slot": g["preadv_slot"]}
+    if self_draft:
+        from ..engine.engine import Engine
+        from .drafters import acceptance_table, self_draft_drafter
+
+        prompt = list(run.result.prompt)
+        with Engine(store, arena=str(budget_share), progress=False) as eng:
+            full = eng.generate(prompt, max_tokens=16)
+            eng.draft_resident_only(prompt, 16)
+            speed = float(np.median(full.step_times) / np.median(eng.last_draft_times))
+            df = acceptance_table(prompt, full.tokens, {"self_draft": self_draft_drafter(eng)}, g_values=(4,))
+        out.update({"selfdraft.acceptance": float(df["acceptance"].iloc[0]), "selfdraft.speed": speed})
+    return out
+
+
+def trace_store(trace):
+    """The store a trace was recorded from (trace metadata)."""
+    from pathlib import Path
+
+    return Path(trace.meta["store"])
