@@ -6,7 +6,6 @@ import importlib.util
 import json
 
 import numpy as np
-import pytest
 
 from workbench import cli_analysis
 from workbench.analysis.synthetic import periodic_routes, routes_trace

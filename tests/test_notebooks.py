@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import json
 import time
-from pathlib import Path
 
 import nbformat
 import pytest

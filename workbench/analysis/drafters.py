@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
 

@@ -20,12 +20,12 @@ expert,phase``; in libCacheSim's CSV reader the first four are columns 1..4.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from .schema import atomic_write
 
 __all__ = ["ORACLE_GENERAL", "FORMATS", "request_frame", "export_oraclegeneral", "read_oraclegeneral", "export_csv", "export"]
 
@@ -64,18 +64,6 @@ def _size(tr, size) -> int:
     return s
 
 
-def _atomic(path, write):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def export_oraclegeneral(trace, out, size=None, phase=None) -> int:
@@ -84,7 +72,7 @@ def export_oraclegeneral(trace, out, size=None, phase=None) -> int:
     arr = np.empty(len(df), dtype=ORACLE_GENERAL)
     for name in ORACLE_GENERAL.names:
         arr[name] = df[name].to_numpy()
-    _atomic(out, lambda tmp: arr.tofile(tmp))
+    atomic_write(Path(out), lambda tmp: arr.tofile(tmp))
     return len(arr)
 
 
@@ -100,7 +88,7 @@ def read_oraclegeneral(path) -> pd.DataFrame:
 def export_csv(trace, out, size=None, phase=None) -> int:
     """Write the request stream as CSV with a header; returns the number of requests."""
     df = request_frame(trace, size=size, phase=phase)
-    _atomic(out, lambda tmp: df.to_csv(tmp, index=False))
+    atomic_write(Path(out), lambda tmp: df.to_csv(tmp, index=False))
     return len(df)
 
 

@@ -124,8 +124,6 @@ def read_trace(path) -> Trace:
 
 def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> None:
     """Write columns ``rows`` (name -> list) atomically (temp file + rename)."""
-    import os
-
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -137,13 +135,14 @@ def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> No
             fields.append(pa.field(name, pa.list_(pa.int16())))
     schema = pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
     table = pa.table({f.name: rows.get(f.name, [None] * len(rows["step"])) for f in fields}, schema=schema)
-    _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
     if io_rows is not None:
         io_table = pa.table({f.name: io_rows[f.name] for f in IO_FIELDS}, schema=pa.schema(IO_FIELDS))
-        _atomic_write(io_path(path), lambda tmp: pq.write_table(io_table, tmp))
+        atomic_write(io_path(path), lambda tmp: pq.write_table(io_table, tmp))
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place."""
     import os
     import tempfile
 
