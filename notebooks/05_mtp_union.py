@@ -70,6 +70,37 @@ wb.table(speedup_bound(measured, k, [0.6, 0.7, 0.8, 0.9, 0.95, 0.99]),
          + (f"drafting pays above a = {be['acceptance']:.3f} (g={be['g']})" if be["g"] else "drafting never pays"))
 
 # %% [markdown]
+# ## Three drafters on our model, and what a verify pass really reads
+#
+# Acceptance *a* (per drafted token, the *a* of the bound above) for the draft model
+# (`data/models/ref-draft`), n-gram prompt lookup, and self-draft from the experts already
+# resident (APPROXIMATE: the draft routes among residents only; verification stays exact).
+# Then the real cost of one verify pass of g tokens through the streaming engine (25% arena).
+
+# %%
+from workbench.analysis.drafters import acceptance_table, greedy_decode, ModelDrafter, NGramDrafter
+from workbench.analysis.drafters import self_draft_drafter, verify_union_cost
+from workbench.analysis._common import load_mlx_model
+from workbench.data import DRAFT
+from workbench.engine.engine import Engine
+from IPython.display import display
+import pandas as pd
+
+ids = list(run.result.prompt)
+n_draft = 12 if small else 32
+target = greedy_decode(load_mlx_model(run.model), ids, n_draft)
+drafters = {"ngram": NGramDrafter()}
+if DRAFT.exists() and str(run.model).rstrip("/").endswith("ref-moe"):
+    drafters["draft_model"] = ModelDrafter(load_mlx_model(DRAFT))
+with Engine.open(run.model, arena="0.25", progress=False) as eng:
+    drafters["self_draft"] = self_draft_drafter(eng)
+    acc = acceptance_table(ids, target, drafters, g_values=(2, 4) if small else (2, 3, 4, 8))
+    verify = [dict(g=g, **verify_union_cost(eng, ids, target[:g - 1])) for g in (1, 2, 4, 8)]
+display(wb.table(acc[["drafter", "g", "acceptance", "drafted_match", "tokens_per_pass"]],
+                 "Drafter acceptance against the target's greedy tokens"))
+wb.table(pd.DataFrame(verify), "One verify pass of g tokens (g-1 drafts + the current token) through the 25% arena")
+
+# %% [markdown]
 # ## Typed-in union tables
 #
 # Type a union table as `G:UNION` pairs. *mode* says which windows the bound may use: only the
