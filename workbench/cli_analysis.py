@@ -75,11 +75,11 @@ def _print_table(df, title: str) -> None:
 
 
 def _write(out: Path, name: str, table, chart, no_chart: bool) -> list[Path]:
-    from workbench.trace.schema import _atomic_write
+    from workbench.trace.schema import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{name}.csv"
-    _atomic_write(csv, lambda tmp: table.to_csv(tmp, index=False))
+    atomic_write(csv, lambda tmp: table.to_csv(tmp, index=False))
     paths = [csv]
     if chart is not None and not no_chart:
         from workbench.viz.render import save_chart
