@@ -225,3 +225,24 @@ def test_cache_aware_override_reproduces_family_routing(tiny, family):
         moce = eng.generate(PROMPT, max_tokens=8)
     assert moce.tokens == exact.tokens
     np.testing.assert_allclose(moce.logprobs, exact.logprobs, atol=2e-3)
+
+
+def test_failed_run_writes_no_trace_and_leaves_no_hooks(store, tmp_path):
+    from workbench.trace.recorder import TraceRecorder
+
+    path = tmp_path / "t.parquet"
+    with Engine(store[1], arena="0.5", progress=False) as eng:
+        calls = {"n": 0}
+
+        def fault(blob):
+            calls["n"] += 1
+            if calls["n"] == 20:
+                raise OSError("injected EIO")
+
+        eng.reader.inject = fault
+        with pytest.raises(OSError, match="injected EIO"):
+            eng.generate(PROMPT, max_tokens=20, trace=TraceRecorder(path, io_events=True))
+        assert not path.exists() and list(tmp_path.iterdir()) == []
+        assert not eng.hooks.active
+        with pytest.raises(ValueError, match="max_tokens"):
+            eng.generate(PROMPT, max_tokens=0)

@@ -171,6 +171,8 @@ class Engine(SpeculativeMixin):
         """Greedy generation, exactly as mlx-lm's generate_step orders its work."""
         from mlx_lm.models.cache import make_prompt_cache
 
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         ids = self.encode(prompt)
         self._prompt = ids
         self.recorder = trace
@@ -181,17 +183,17 @@ class Engine(SpeculativeMixin):
         residency = hashlib.sha256()
         self._fast_tokens = 0
         self.step = 0
-        if len(ids) > 1:  # prefill: every prompt token but the last, in one pass
-            self._begin_step(0, "prefill", ids[:-1])
-            self._prompt_hot = []
-            self.model(mx.array(ids[:-1])[None], cache=cache)
-            mx.eval([c.state for c in cache])
-            self._protect_prompt_hot()
-        y = mx.array(ids[-1:])
         tokens, times = [], []
         eos = set(getattr(self._tokenizer, "eos_token_ids", None) or []) if stop_at_eos else set()
         bar = tqdm(total=max_tokens, desc="decode", unit="tok", disable=not (self.progress if progress is None else progress))
         try:
+            if len(ids) > 1:  # prefill: every prompt token but the last, in one pass
+                self._begin_step(0, "prefill", ids[:-1])
+                self._prompt_hot = []
+                self.model(mx.array(ids[:-1])[None], cache=cache)
+                mx.eval([c.state for c in cache])
+                self._protect_prompt_hot()
+            y = mx.array(ids[-1:])
             for i in range(max_tokens):
                 self._begin_step(i + 1, "decode", [int(y[0])])
                 t0 = time.perf_counter()
@@ -214,6 +216,8 @@ class Engine(SpeculativeMixin):
             self.arena.release()
             if self.planner is not None:
                 self.planner.end()
+            if trace is not None:
+                trace.detach(self)  # a failed run writes no trace and leaves no hooks behind
         logprobs = np.array((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).astype(mx.float32))[0]
         stats = self._stats(times, tokens, residency.hexdigest())
         if trace is not None:

@@ -80,11 +80,14 @@ class TraceRecorder:
         for src, cands in (engine.planner.candidates(layer) if engine.planner is not None else {}).items():
             c.setdefault(f"pred_{src}", [None] * (len(c["step"]) - n)).extend(cands)
 
-    def close(self, engine, stats):
+    def detach(self, engine):
         if self._hooked:
             for n, fn in self._hooked:
                 engine.hooks.remove(n, fn)
             self._hooked = None
+
+    def close(self, engine, stats):
+        self.detach(engine)
         nrows = len(self.cols["step"])
         for k, v in self.cols.items():  # predictor columns started late are padded
             if len(v) < nrows:
