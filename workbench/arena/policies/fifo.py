@@ -1,33 +1,18 @@
-from collections import OrderedDict
-
 import numpy as np
 
-from .base import Policy, _token_ends, register
+from .base import _token_ends, register
+from .lru import LRU
 
 
 @register
-class FIFO(Policy):
+class FIFO(LRU):
     """First in, first out: evict the key admitted longest ago; hits change nothing."""
 
     name = "fifo"
 
-    def __init__(self, capacity, **options):
-        super().__init__(capacity, **options)
-        self._od = OrderedDict()
-
-    def admit(self, key, speculative=False):
-        self._od[key] = None
-        self._od.move_to_end(key)
-
     def access(self, key, speculative=False):
         if speculative:  # first claim of a prefetch: it enters the queue now, as a demand admit would
             self._od.move_to_end(key)
-
-    def remove(self, key):
-        self._od.pop(key, None)
-
-    def order(self):
-        return iter(self._od)
 
     def replay(self, keys, token_end=None):
         """Fast demand-only replay (same result as ``Policy.replay``)."""
