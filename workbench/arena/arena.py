@@ -34,7 +34,6 @@ from .policies import make_policy
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
 _DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloat16": mx.bfloat16,
            "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
-_NUMPY = {k: np.dtype("uint16" if k == "bfloat16" else k) for k in _DTYPES}
 
 
 WRITE_MODES = ("direct", "staged")
@@ -282,19 +281,17 @@ class Arena:
 
     # ---- slot writes -------------------------------------------------------------------
     def flush(self) -> None:
-        """Staged writes: copy claimed reads into their slots (lazy MLX scatters, one per tensor,
-        ordered on the device stream before any compute that reads those slots)."""
+        """Staged writes: copy claimed reads into their slots: one host->device copy of the reads,
+        then one lazy scatter per tensor, ordered on the device stream before any compute that
+        reads those slots."""
         if not self._staged:
             return
+        n = len(self._staged)
         idx = mx.array([s for s, _ in self._staged], dtype=mx.uint32)
+        rows = mx.array(np.stack([buf for _, (buf, _) in self._staged]))  # [n, expert bytes] uint8
         for t, off in zip(self.m.tensors, self._offsets()):
-            dt = _NUMPY[t.dtype]
-            rows = np.stack([np.frombuffer(buf, dtype=dt, count=t.nbytes // dt.itemsize, offset=off)
-                             for _, (buf, _) in self._staged]).reshape(len(self._staged), *t.shape)
-            value = mx.array(rows)
-            if t.dtype == "bfloat16":
-                value = value.view(mx.bfloat16)
-            self.tensors[t.name][idx] = value
+            part = mx.contiguous(rows[:, off:off + t.nbytes])
+            self.tensors[t.name][idx] = part.view(_DTYPES[t.dtype]).reshape(n, *t.shape)
         for _, buffer in self._staged:
             self._buffers.append(buffer)
         self._staged.clear()
