@@ -108,6 +108,13 @@ def cmd_demo(args) -> int:
     from .data import default_model, workload
 
     model = default_model()
+    if not args.no_report:
+        try:
+            from .report import check_out
+        except ImportError:
+            pass
+        else:
+            check_out(args.out)  # refuse a directory the report may not replace before running anything
     try:
         prompt = workload("code_heldout")[0]["text"]
     except ValueError:
@@ -122,6 +129,9 @@ def cmd_demo(args) -> int:
         except ImportError:
             return rc
         out = build_report(out=args.out, preset="small")
+        if not out.published:
+            print(f"demo: every report notebook failed; {out} was left as it was", file=sys.stderr)
+            return 1
         print(f"report: {out}/index.html")
     return rc
 
