@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from .. import __version__
 from ..model import ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of
-from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT
+from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, file_crc32
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
@@ -106,6 +106,8 @@ def _write(model, config, experts, out: Path, progress: bool) -> dict:
     resident = {k: v for k, v in params.items() if k not in expert_keys}
     mx.save_safetensors(str(out / RESIDENT), resident)
     return {
+        "resident_crc32": file_crc32(out / RESIDENT),
+        "resident_size": (out / RESIDENT).stat().st_size,
         "format": FORMAT,
         "workbench_version": __version__,
         "model_type": config.get("model_type"),

@@ -162,8 +162,8 @@ class PageCacheProbe:
             self.vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
 
     def cached(self, offset: int, length: int) -> bool | None:
-        if self.addr is None:
-            return None
+        if self.addr is None or offset < 0 or length < 1 or offset + length > self.size:
+            return None  # outside the mapping: mincore would write past the vector
         page = mmap.PAGESIZE
         start = offset - offset % page
         n = -(-(offset + length - start) // page)
