@@ -91,8 +91,8 @@ class Manifest:
             raise StoreError(f"{root} has store format {data.get('format')!r}, expected {FORMAT!r}; pack the model again")
         validate(data, f)
         m = cls(data, root)
-        m.check_files()
         m.check_model()
+        m.check_files()
         if check_resident:
             m.check_resident()
         return m
