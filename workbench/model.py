@@ -71,6 +71,7 @@ CONFIG_BOUNDS = {
 }
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 REQUIRED_CONFIG = ("model_type",)  # the family's ModelArgs names what else it needs
+CORE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers")  # never null when present
 
 
 def _is_int(v) -> bool:
@@ -92,7 +93,7 @@ def validate_config(config, where) -> dict:
     limits = dict(CONFIG_BOUNDS)
     limits.update({k: (1, 1 << 20) for k in cfg if k.endswith("intermediate_size") and k not in limits})
     for key, (lo, hi) in limits.items():
-        if key not in cfg or (cfg[key] is None and key not in REQUIRED_CONFIG):
+        if key not in cfg or (cfg[key] is None and key not in CORE_SIZES):
             continue
         v = cfg[key]
         if not _is_int(v) or not lo <= v <= hi:

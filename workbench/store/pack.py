@@ -37,8 +37,9 @@ def load_mlx_model(model_dir: Path):
         raise ModelError(f"{model_dir} has no model*.safetensors; point at an mlx-lm model directory")
     try:
         model, _ = load_model(model_dir, lazy=True, model_config=config)
-    except (ValueError, RuntimeError) as e:
-        raise ModelError(f"mlx-lm cannot load {model_dir}: {e}") from None
+    except (ValueError, RuntimeError, TypeError, KeyError) as e:
+        raise ModelError(f"mlx-lm cannot build a {config.get('model_type')} model from {model_dir} "
+                         f"({type(e).__name__}: {e}); fix its config.json or weights, or download it again") from None
     return model, config
 
 
