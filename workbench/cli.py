@@ -24,7 +24,9 @@ def add_engine_args(p):
     p.add_argument("--io-workers", type=int, default=8)
     p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--io-mode", default="buffered", help="buffered | dontneed | direct | nocache")
-    p.add_argument("--verify", default="first", help="checksum blobs: always | first (first read of each) | never")
+    p.add_argument("--verify", default="changed",
+                   help="checksum blobs: always | changed (first read, and again after experts.bin changed) | "
+                        "first (first read of each) | never")
     g = p.add_argument_group("read-ahead and cache-aware routing")
     g.add_argument("--predictor", default="none", help="none | layer | prev | oracle")
     g.add_argument("--lookahead", type=int, default=1, help="distance D in MoE layers for --predictor layer/oracle")
