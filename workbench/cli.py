@@ -40,7 +40,24 @@ def add_engine_args(p):
     g.add_argument("--gate", default="none", help="admission gate: none | confidence | cost")
 
 
+def check_engine_args(args) -> None:
+    """Refuse out-of-range flags up front, before a store is opened or a thread started."""
+    from .arena.policies.static import require_hotlist
+    from .checks import io_workers, real, whole
+
+    io_workers("--io-workers", args.io_workers, args.io_reserved)
+    whole("--lookahead", args.lookahead, 1)
+    whole("--ahead-width", args.ahead_width, 1, none_ok=True)
+    real("--moce-bonus", args.moce_bonus, 0)
+    whole("--moce-protect", args.moce_protect, 0)
+    real("--moce-r1", args.moce_r1, 0)
+    if getattr(args, "max_tokens", None) is not None:
+        whole("--max-tokens", args.max_tokens, 1)
+    require_hotlist(args.policy, {"hotlist": args.hotlist} if args.hotlist else {}, "--hotlist FILE")
+
+
 def engine_kwargs(args) -> dict:
+    check_engine_args(args)
     return dict(arena=args.arena, policy=args.policy, io_workers=args.io_workers, io_reserved=args.io_reserved,
                 io_mode=args.io_mode, verify=args.verify,
                 policy_options={"hotlist": args.hotlist} if args.hotlist else None)

@@ -6,6 +6,12 @@ from .base import Policy, _token_ends, register
 from .hotlist import load_hotlist
 
 
+def require_hotlist(policy: str, options: dict, how: str = "keys= or hotlist=") -> None:
+    """A run asking for static pinning must say what to pin (the class alone falls back to LRU)."""
+    if policy == "static" and options.get("keys") is None and options.get("hotlist") is None:
+        raise ValueError(f"--policy static pins the experts of a hotlist; give {how} (KEY or LAYER EXPERT per line)")
+
+
 @register
 class Static(Policy):
     """Static pinning: hotlist keys are never chosen while an unpinned key can go; the rest is LRU."""
