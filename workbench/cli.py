@@ -71,12 +71,39 @@ def cmd_pack(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from .store.cache import cache_dir, list_stores, remove_store
+
+    if args.action == "path":
+        print(cache_dir())
+        return 0
+    if args.action == "list":
+        rows = list_stores()
+        if args.json:
+            print(json.dumps(rows))
+        for r in [] if args.json else rows:
+            what = "dead packer's temp folder (workbench cache rm NAME)" if r["stale"] else (r["source"] or "?")
+            print(f"{r['name']:<48} {r['bytes'] / 1e6:10.1f} MB  {what}")
+        if not rows and not args.json:
+            print(f"no cached stores in {cache_dir() / 'stores'}")
+        return 0
+    if not args.names and not args.all:
+        raise ValueError("workbench cache rm: name the stores to remove (see `workbench cache list`) or pass --all")
+    names = [r["name"] for r in list_stores()] if args.all else args.names
+    for name in names:
+        print(f"removed {remove_store(name)}")
+    return 0
+
+
 def open_engine(args, progress):
     from .engine.engine import Engine
 
     from .routing.setup import configure
 
-    eng = Engine.open(args.model, progress=progress, **engine_kwargs(args))
+    from .store.cache import resolve_store
+
+    kw = engine_kwargs(args)  # flags are checked before anything is packed or opened
+    eng = Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
     try:
         configure(eng, args.predictor, args.lookahead, args.unpert, args.route, args.moce_bonus, args.moce_protect,
                   args.moce_r1, args.gate, args.ahead_width, args.oracle_trace)
@@ -174,8 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-moe-input", action="store_true", help="also record MoE inputs (lookahead analysis)")
     p.add_argument("--trace-io", action="store_true", help="also record the I/O event table")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--store", help="where to pack MODEL_DIR (default: the cache, $WORKBENCH_CACHE/stores)")
     add_engine_args(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("cache", help="the store cache: list | rm NAME... | path",
+                       description="Stores packed by `workbench run MODEL_DIR` live in $WORKBENCH_CACHE/stores "
+                                   "(default ~/.cache/workbench).")
+    p.add_argument("action", choices=("list", "rm", "path"))
+    p.add_argument("names", nargs="*", help="for rm: store names as `list` prints them")
+    p.add_argument("--all", action="store_true", help="for rm: every cached store")
+    p.add_argument("--json", action="store_true", help="for list: print JSON")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("demo", help="the main job on the shipped reference model, then a report")
     p.add_argument("--max-tokens", type=int, default=48)
@@ -201,8 +238,17 @@ def main(argv=None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, OSError, RuntimeError, KeyError) as e:
-        print(f"workbench: error: {e}", file=sys.stderr)
+    except OSError as e:
+        from .fsutil import os_error_hint
+
+        print(f"workbench: error: {os_error_hint(e)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("workbench: error: out of memory; use a smaller --arena or a smaller model", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError, KeyError, OverflowError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"workbench: error: {msg}", file=sys.stderr)
         return 2
 
 

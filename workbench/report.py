@@ -36,11 +36,11 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from workbench.fsutil import temp_dir
 from workbench.viz.widgets import CHART_MIME, STATIC_ENV, spec_rows, spec_to_png, spec_to_svg
 
 REPO = Path(__file__).resolve().parent.parent
@@ -536,7 +536,7 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
     check_params(paths, params)
     ensure_kernelspec(kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_dir(f".{out.name}.tmp-", out.parent)  # the umask's mode, not mkdtemp's 0700
     t0 = time.perf_counter()
     rep = Report(out=str(out), ok=True, seconds=0.0, kernel=kernel,
                  created=_dt.datetime.now().isoformat(timespec="seconds"))

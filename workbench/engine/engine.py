@@ -9,7 +9,6 @@ expert math on slot ids, release, and schedule read-ahead for later layers.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,9 @@ from tqdm.auto import tqdm
 from ..arena.arena import Arena
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
-from ..model import ModelError, build_model, config_hash, expert_modules, load_config
-from ..store.manifest import MANIFEST, RESIDENT, Manifest, StoreError
+from ..model import ModelError, build_model, config_hash, expert_modules
+from ..store.cache import cache_dir, resolve_store  # noqa: F401  (re-exported: callers import them from here)
+from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
 from .arena_size import arena_slots
 from .counters import Counters, summarize
@@ -49,30 +49,6 @@ class Result:
     logprobs: object = None  # last step's log-probabilities (np.ndarray)
     text: str | None = None
     step_times: list = field(default_factory=list)
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("WORKBENCH_CACHE", Path.home() / ".cache" / "workbench"))
-
-
-def resolve_store(path, progress=True) -> Path:
-    """A store directory as is; an mlx-lm model directory is packed once into the cache."""
-    path = Path(path)
-    if (path / MANIFEST).exists():
-        return path
-    if not path.exists():
-        raise ModelError(f"{path} does not exist; give an mlx-lm model directory or a workbench store")
-    config = load_config(path)
-    stamp = hashlib.sha256(config_hash(config).encode())
-    for f in sorted(path.glob("model*.safetensors")):
-        st = f.stat()
-        stamp.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    store = cache_dir() / "stores" / f"{path.resolve().name}-{stamp.hexdigest()[:12]}"
-    if not (store / MANIFEST).exists():
-        from ..store.pack import pack
-
-        pack(path, store, progress=progress)
-    return store
 
 
 class Engine(SpeculativeMixin):

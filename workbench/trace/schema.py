@@ -233,11 +233,11 @@ def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> No
 def atomic_write(path: Path, write) -> None:
     """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place."""
     import os
-    import tempfile
+
+    from ..fsutil import temp_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, not mkstemp's 0600
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -50,7 +50,7 @@ def load_hotlist(source, n_keys: int | None = None, n_experts: int | None = None
 
 def save_hotlist(path, keys, n_experts: int | None = None) -> None:
     """Write ``keys`` (hottest first) as a text hotlist, ``LAYER EXPERT`` lines when ``n_experts`` is given."""
-    import tempfile
+    from ...fsutil import temp_file
 
     path = Path(path)
     lines = ["# workbench hotlist, hottest first"]
@@ -58,9 +58,9 @@ def save_hotlist(path, keys, n_experts: int | None = None) -> None:
         k = int(k)
         lines.append(f"{k // n_experts} {k % n_experts}" if n_experts else str(k))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = temp_file(f".{path.name}.", path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "w") as f:
             f.write("\n".join(lines) + "\n")
         os.replace(tmp, path)
     except BaseException:
