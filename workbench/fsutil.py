@@ -42,8 +42,9 @@ def os_error_hint(e: OSError) -> str:
     where = e.filename or "?"
     base = f"{e.strerror or e} ({where})"
     cache = f"WORKBENCH_CACHE (now {cache_dir()})"
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{base}: the disk is full; free space there, or point {cache} or the output path at a disk with room"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return (f"{base}: the disk is full (or a file size limit was hit); free space there, or point {cache} "
+                "or the output path at a disk with room")
     if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return f"{base}: cannot write there; choose a writable output path, or set {cache} to a writable folder"
     return base if e.filename else str(e)

@@ -2,8 +2,9 @@
 
 A cached store is named ``<model dir name>-<key>``. The key is the model's content as far as it
 can be read cheaply: the config hash, and for each ``model*.safetensors`` its name, size, tensor
-header (names, shapes, dtypes, offsets) and 16 samples of 4 KiB spread over the file. Touching
-or copying a model keeps its store; changed weights of the same shapes get a new one.
+header (names, shapes, dtypes, offsets) and its bytes: whole up to 64 MiB, else 17 samples of
+4 KiB spread over the file (its tail included). Touching or copying a model keeps its store;
+re-trained weights of the same shapes get a new one.
 
 Packing is safe to interrupt and to race: one process packs a key at a time (an ``flock`` on
 ``stores/.KEY.lock``; a second waits, then reuses the result), and a packer's temp folder holds a
@@ -27,6 +28,7 @@ from .manifest import MANIFEST
 
 PACKING = ".packing"  # inside a packer's temp folder, flock'ed while it runs
 SAMPLES, SAMPLE_BYTES = 16, 4096
+WHOLE_FILE = 64 << 20  # weight files up to this size are hashed whole
 MAX_HEADER = 100 << 20
 
 
@@ -70,8 +72,12 @@ def store_key(model_dir) -> str:
         h.update(f"{f.name}:{size}:".encode())
         h.update(safetensors_header(f))
         with open(f, "rb") as fh:
-            for i in range(SAMPLES):
-                fh.seek(size * i // SAMPLES)
+            if size <= WHOLE_FILE:
+                while block := fh.read(16 << 20):
+                    h.update(block)
+                continue
+            for i in range(SAMPLES + 1):  # evenly spread, the last one the file's tail
+                fh.seek(min(size * i // SAMPLES, size - SAMPLE_BYTES))
                 h.update(fh.read(SAMPLE_BYTES))
     return h.hexdigest()[:16]
 

@@ -116,6 +116,11 @@ def _pack_into(model_dir: Path, store_dir: Path, progress: bool, hold_packing_lo
         if store_dir.exists():
             store_dir.rmdir()  # only an empty directory may stand in the way
         os.replace(tmp, store_dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.filename is None:  # name the place for the hint (a bare write error has none)
+            raise OSError(e.errno, e.strerror or str(e), str(store_dir)) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
