@@ -89,8 +89,18 @@ def test_valid_config_passes_unchanged(model_dir):
 
 @pytest.mark.parametrize("fn, msg", [(lambda c: [c], "JSON list"), (_set("hidden_size", 2 ** 31), "hidden_size"),
                                      (_set("num_experts_per_tok", -2), "num_experts_per_tok")])
-def test_cli_pack_and_run_bad_config_exit_2(model_dir, tmp_path, fn, msg):
+def test_cli_pack_and_run_bad_config_exit_2(model_dir, tmp_path, monkeypatch, capsys, fn, msg):
+    from workbench.cli import main
+
     _write_cfg(model_dir, fn)
-    assert_clean_error(cli("pack", model_dir, tmp_path / "s"), msg, "config.json")
-    assert_clean_error(cli("run", model_dir, "--prompt-ids", "1", env={"WORKBENCH_CACHE": str(tmp_path / "c")}), msg)
-    assert not (tmp_path / "s").exists()
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "c"))
+    for argv in (["pack", str(model_dir), str(tmp_path / "s")], ["run", str(model_dir), "--prompt-ids", "1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and "config.json" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "c").exists()
+
+
+def test_cli_subprocess_bad_config(model_dir, tmp_path):
+    _write_cfg(model_dir, _set("num_hidden_layers", 100000))
+    assert_clean_error(cli("pack", model_dir, tmp_path / "s"), "num_hidden_layers", "config.json")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hostile_util import REPO, assert_clean_error, cli
+from tests.hostile_util import REPO, assert_clean_error
 from workbench.fsutil import os_error_hint, temp_dir
 from workbench.store import cache
 from workbench.store.manifest import MANIFEST, StoreError
@@ -250,24 +250,28 @@ def test_full_disk_during_pack_is_one_line_and_leaves_nothing(model_dir, tmp_pat
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_cli_cache_commands(model_dir, tmp_path):
-    env = {"WORKBENCH_CACHE": str(tmp_path / "c")}
-    r = cli("cache", "path", env=env)
-    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "c")
-    r = cli("run", model_dir, "--prompt-ids", "1,2", "--max-tokens", "2", "--json", env=env)
-    assert r.returncode == 0, r.stderr
-    rows = json.loads(cli("cache", "list", "--json", env=env).stdout)
+def test_cli_cache_commands(model_dir, cache_env, capsys):
+    from workbench.cli import main
+
+    assert main(["cache", "path"]) == 0 and capsys.readouterr().out.strip() == str(cache_env)
+    assert main(["run", str(model_dir), "--prompt-ids", "1,2", "--max-tokens", "2", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["cache", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
     assert len(rows) == 1 and rows[0]["source"] == str(model_dir.resolve())
-    assert_clean_error(cli("cache", "rm", "nope", env=env), "no cached store 'nope'")
-    assert_clean_error(cli("cache", "rm", env=env), "--all")
-    assert cli("cache", "rm", rows[0]["name"], env=env).returncode == 0
-    assert json.loads(cli("cache", "list", "--json", env=env).stdout) == []
+    for argv, needle in ((["cache", "rm", "nope"], "no cached store 'nope'"), (["cache", "rm"], "--all")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1
+    assert main(["cache", "rm", rows[0]["name"]]) == 0
+    capsys.readouterr()
+    assert main(["cache", "list", "--json"]) == 0 and json.loads(capsys.readouterr().out) == []
 
 
-def test_run_store_flag_packs_there_and_reuses(model_dir, tmp_path):
-    env = {"WORKBENCH_CACHE": str(tmp_path / "c")}
+def test_run_store_flag_packs_there_and_reuses(model_dir, tmp_path, cache_env, capsys):
+    from workbench.cli import main
+
     for _ in range(2):
-        r = cli("run", model_dir, "--store", tmp_path / "mystore", "--prompt-ids", "1,2", "--max-tokens", "2", "--json",
-                env=env)
-        assert r.returncode == 0, r.stderr
-    assert (tmp_path / "mystore" / MANIFEST).exists() and not (tmp_path / "c").exists()
+        assert main(["run", str(model_dir), "--store", str(tmp_path / "mystore"), "--prompt-ids", "1,2",
+                     "--max-tokens", "2", "--json"]) == 0
+    assert (tmp_path / "mystore" / MANIFEST).exists() and not cache_env.exists()
