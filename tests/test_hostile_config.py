@@ -35,7 +35,7 @@ def _set(key, value):
 
 CONFIG_CASES = [
     ("list", lambda c: [c], "the config is a JSON list"),
-    ("string", lambda c: "qwen3_moe", "the config is a JSON str"),
+    ("string", lambda c: "qwen3_moe", "the config is a JSON string"),
     ("vocab_0", _set("vocab_size", 0), "field 'vocab_size' is 0"),
     ("vocab_float", _set("vocab_size", 128.5), "field 'vocab_size' is 128.5"),
     ("vocab_bool", _set("vocab_size", True), "field 'vocab_size' is True"),

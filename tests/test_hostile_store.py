@@ -90,7 +90,7 @@ MANIFEST_CASES = [
     ("duplicate_blob", _blob(3, 1, 2), False, "listed twice"),
     ("blob_short", lambda d: d["blobs"][3].pop() and None, False, "[layer, expert, offset, size, crc32]"),
     ("fewer_blobs", lambda d: d["blobs"].pop() and None, False, "one entry per (layer, expert): 16, found 15"),
-    ("blobs_dict", _set("blobs", {}), False, "found dict"),
+    ("blobs_dict", _set("blobs", {}), False, "found a JSON object"),
     ("overlap", _overlap, False, "overlap in experts.bin"),
     ("experts_file_size_0", _set("experts_file_size", 0), False, "experts_file_size is 0"),
     ("experts_file_size_small", _set("experts_file_size", 20000), False, "lies outside experts.bin's 20000"),

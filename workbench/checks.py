@@ -44,6 +44,14 @@ def io_workers(flag: str, workers, reserved=None, reserved_flag: str = "--io-res
     return workers
 
 
+def json_kind(v) -> str:
+    """The JSON name of a parsed value's type, for messages (null, list, string, number, object)."""
+    if v is None:
+        return "null"
+    return {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}.get(
+        type(v), type(v).__name__)
+
+
 def _range(lo, hi, open_lo=False) -> str:
     if hi is None:
         return f"a value {'>' if open_lo else '>='} {lo}"

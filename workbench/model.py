@@ -83,7 +83,9 @@ def validate_config(config, where) -> dict:
     Every problem raises ModelError: one line naming ``where``, the field and the fix."""
     fix = "fix the config or download the model again"
     if not isinstance(config, dict):
-        raise ModelError(f"{where}: the config is a JSON {type(config).__name__}, not an object; {fix}")
+        from .checks import json_kind
+
+        raise ModelError(f"{where}: the config is a JSON {json_kind(config)}, not an object; {fix}")
     cfg = normalize_config(config)
     for key in REQUIRED_CONFIG:
         if key not in cfg:

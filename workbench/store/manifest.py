@@ -86,7 +86,9 @@ class Manifest:
         except (ValueError, UnicodeDecodeError) as e:
             raise StoreError(f"{f} is corrupt ({e}); {REPACK}") from None
         if not isinstance(data, dict):
-            raise StoreError(f"{f} is corrupt (a JSON {type(data).__name__}, not an object); {REPACK}")
+            from ..checks import json_kind
+
+            raise StoreError(f"{f} is corrupt (a JSON {json_kind(data)}, not an object); {REPACK}")
         if data.get("format") != FORMAT:
             raise StoreError(f"{root} has store format {data.get('format')!r}, expected {FORMAT!r}; pack the model again")
         validate(data, f)
@@ -165,6 +167,7 @@ def file_crc32(path, chunk: int = 16 << 20) -> int:
 
 def validate(data: dict, where) -> None:
     """Types, ranges and consistency of every manifest field the engine trusts (no file access)."""
+    from ..checks import json_kind
     from ..model import ModelError, config_hash, top_k_of, validate_config
 
     def bad(msg):
@@ -181,7 +184,7 @@ def validate(data: dict, where) -> None:
         if key not in data:
             bad(f"field {key!r} is missing")
     if not isinstance(data["config"], dict):
-        bad(f"config is a {type(data['config']).__name__}, not an object")
+        bad(f"config is a {json_kind(data['config'])}, not an object")
     try:
         cfg = validate_config(data["config"], f"{where} (config)")
     except ModelError as e:
@@ -230,7 +233,7 @@ def validate(data: dict, where) -> None:
     blobs = data["blobs"]
     if not isinstance(blobs, list) or len(blobs) != len(layers) * n_experts:
         bad(f"blobs must list one entry per (layer, expert): {len(layers) * n_experts}, "
-            f"found {len(blobs) if isinstance(blobs, list) else type(blobs).__name__}")
+            f"found {len(blobs) if isinstance(blobs, list) else 'a JSON ' + json_kind(blobs)}")
     seen, extents = set(), []
     lset = set(layers)
     for i, b in enumerate(blobs):

@@ -146,8 +146,10 @@ def check_meta(meta, where: str) -> None:
     def bad(msg):
         raise TraceError(f"{where} metadata: {msg}; re-record the trace")
 
+    from ..checks import json_kind
+
     if not isinstance(meta, dict):
-        bad(f"a JSON {type(meta).__name__}, not an object")
+        bad(f"a JSON {json_kind(meta)}, not an object")
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         bad(f"missing {missing}")
@@ -167,7 +169,7 @@ def check_meta(meta, where: str) -> None:
         if v is not None and (not _whole(v) or v < 1):
             bad(f"{key} is {v!r}, expected a whole number >= 1")
     if meta.get("stats") is not None and not isinstance(meta["stats"], dict):
-        bad(f"stats is a {type(meta['stats']).__name__}, expected an object")
+        bad(f"stats is a {json_kind(meta['stats'])}, expected an object")
 
 
 def check_columns(table, meta: dict, where: str) -> None:
