@@ -235,3 +235,16 @@ def test_replay_moce_bonus_and_sizes_share_one_parser(recorded, capsys):
     from workbench.cli_analysis import _parse_size
 
     assert _parse_size("9GB") == 9 * 10**9 and _parse_size("9GiB") == 9 * 2**30
+
+
+def test_empty_or_garbage_hotlist_is_refused(recorded, tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing\n")
+    junk = tmp_path / "junk.txt"
+    junk.write_bytes(b"\x00\xff garbage\n")
+    big = tmp_path / "big.txt"
+    big.write_text("99999999999999999999\n")
+    for path, msg in ((empty, "holds no keys"), (junk, "is not text"), (big, "outside the model")):
+        assert main(["run", str(recorded[1]), "--prompt-ids", "1", "--policy", "static", "--hotlist", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert msg in err and len(err.splitlines()) == 1, err

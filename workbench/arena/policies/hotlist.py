@@ -72,7 +72,10 @@ def save_hotlist(path, keys, n_experts: int | None = None) -> None:
 def _read_file(path: Path):
     if not path.exists():
         raise ValueError(f"hotlist file {path} does not exist; give a path to a text or JSON hotlist")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"hotlist file {path} is not text (UTF-8); write KEY or LAYER EXPERT per line") from None
     if path.suffix.lower() == ".json" or text.lstrip().startswith(("[", "{")):
         try:
             data = json.loads(text)

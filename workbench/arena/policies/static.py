@@ -29,6 +29,8 @@ class Static(Policy):
         if keys is not None and hotlist is not None:
             raise ValueError("static policy: give either keys= or hotlist= (a file), not both")
         hl = load_hotlist(keys if keys is not None else hotlist, n_keys=options.get("n_keys"), n_experts=options.get("n_experts"))
+        if hotlist is not None and not hl:
+            raise ValueError(f"static policy: hotlist {hotlist} holds no keys; write KEY or LAYER EXPERT per line")
         if top is not None:
             hl = hl[: int(top)]
         if len(hl) >= self.capacity:
