@@ -168,6 +168,16 @@ def test_cache_list_shows_and_rm_removes_a_dead_packers_folder(cache_env):
     assert (root / "user-dir").is_dir()
 
 
+def test_packing_into_the_cache_removes_every_dead_packers_folder(model_dir, cache_env):
+    root = cache_env / "stores"
+    root.mkdir(parents=True)
+    p, tmp = _holder(root)  # a folder of another store name
+    p.kill()
+    p.wait()
+    store = cache.resolve_store(model_dir, progress=False)
+    assert not tmp.exists() and [x.name for x in root.iterdir()] == [store.name]
+
+
 SLOW_PACK = textwrap.dedent("""
     import sys, time
     import workbench.store.pack as p

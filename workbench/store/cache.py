@@ -158,6 +158,8 @@ def resolve_store(path, progress=True, store=None) -> Path:
         return target
     from .pack import pack
 
+    if store is None and stores_dir().is_dir():
+        clean_stale(stores_dir())  # dead packers of any model in the cache
     return pack(path, target, progress=progress, reuse=True)
 
 
