@@ -72,3 +72,8 @@ def test_unknown_verify_mode_lists_the_modes(tiny):
 
     with pytest.raises(ValueError, match=", ".join(VERIFY_MODES)):
         BlobReader(store, Manifest.load(store), verify="sometimes")
+
+
+def test_engine_api_refuses_too_many_io_workers_before_opening(tiny, tmp_path):
+    with pytest.raises(ValueError, match="io_workers 100000 is out of range: give a value in \\[1, 256\\]"):
+        Engine(tmp_path / "not-even-a-store", io_workers=100000, progress=False)

@@ -19,6 +19,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..checks import io_workers as check_io_workers
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..model import ModelError, build_model, config_hash, expert_modules
@@ -54,6 +55,7 @@ class Result:
 class Engine(SpeculativeMixin):
     def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
                  io_mode="buffered", verify="first", progress=True, fast_resident=True):
+        check_io_workers("io_workers", io_workers, io_reserved, "io_reserved")  # before any thread or file
         self.root = Path(store)
         self.m = Manifest.load(self.root)
         self.config = self.m.config
