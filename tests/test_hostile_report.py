@@ -82,3 +82,18 @@ def test_cli_refuses_user_dir_exit_2_one_line(tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
         assert "not a workbench report" in r.stderr
     assert (d / "thesis.tex").read_text() == "keep" and (d / "src" / "a.py").exists()
+
+
+def test_report_from_before_the_mark_is_recognised_by_its_report_json(tmp_path):
+    d = tmp_path / "latest"
+    (d / "notebooks").mkdir(parents=True)
+    nb = {"page": "00_a.html", "notebook": "notebooks/00_a.ipynb",
+          "charts": [{"svg": "figures/00_a/c.svg", "png": "figures/00_a/c.png", "spec": "figures/00_a/c.vl.json"}]}
+    (d / "report.json").write_text(json.dumps({"notebooks": [nb]}))
+    for f in ("index.html", "00_a.html", "notebooks/00_a.ipynb", "figures/00_a/c.svg"):
+        (d / f).parent.mkdir(parents=True, exist_ok=True)
+        (d / f).write_text("x")
+    assert report.check_out(d) == d.resolve()
+    (d / "thesis.tex").write_text("mine")
+    with pytest.raises(ValueError, match="did not write.*thesis.tex"):
+        report.check_out(d)

@@ -481,19 +481,34 @@ def check_out(out) -> Path:
     if not files and not any(out.iterdir()):
         return out
     mark = out / MARK
-    if not mark.is_file():
+    ours = _files_of_old_report(out) if not mark.is_file() else None
+    if not mark.is_file() and ours is None:
         raise ValueError(f"--out {out} is not empty and is not a workbench report ({len(files)} files, e.g. "
                          f"{files[0] if files else next(out.iterdir()).name}); nothing was written: "
                          "give a new or empty directory")
-    try:
-        ours = set(json.loads(mark.read_text()))
-    except (ValueError, TypeError):
-        raise ValueError(f"--out {out}: {MARK} is unreadable; give a new or empty directory") from None
+    if ours is None:
+        try:
+            ours = set(json.loads(mark.read_text()))
+        except (ValueError, TypeError):
+            raise ValueError(f"--out {out}: {MARK} is unreadable; give a new or empty directory") from None
     foreign = [f for f in files if f not in ours]
     if foreign:
         raise ValueError(f"--out {out} holds {len(foreign)} file(s) the previous report did not write "
                          f"(e.g. {foreign[0]}); move them away or give another directory")
     return out
+
+
+def _files_of_old_report(out: Path) -> set | None:
+    """The files a report written before ``MARK`` existed wrote, from its report.json (None if it has none)."""
+    try:
+        rep = json.loads((out / "report.json").read_text())
+        files = {"index.html", "report.json"}
+        for nb in rep["notebooks"]:
+            files |= {nb["page"], nb["notebook"]}
+            files |= {c[k] for c in nb["charts"] for k in ("svg", "png", "spec")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return {f for f in files if isinstance(f, str)}
 
 
 def _publish(tmp: Path, out: Path) -> None:
