@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -203,3 +204,39 @@ def test_cli_run_on_flipped_resident(store):
         f.seek(300)
         f.write(b"\x00\xff" * 64)
     assert_clean_error(cli("run", store, "--prompt-ids", "1,2"), "checksum mismatch")
+
+
+def test_float_width_is_the_checkpoints_not_the_configs(tiny, tmp_path):
+    """A bf16 or fp16 checkpoint packs float tensors of that width: not a mismatch with the model."""
+    _, src = tiny("qwen3_moe", None)
+    store = copy_store(src, tmp_path / "s")
+
+    def to_half(d):
+        for t in d["tensors"]:
+            assert t["dtype"] == "float32"
+            t["dtype"], t["nbytes"] = "bfloat16", t["nbytes"] // 2
+        size = sum(t["nbytes"] for t in d["tensors"])
+        for b in d["blobs"]:
+            b[3] = size
+    edit_manifest(store, to_half)
+    Manifest.load(store)  # shapes match the model; only the float width differs
+    edit_manifest(store, _tensor("dtype", "int8"))
+    with pytest.raises(StoreError):
+        Manifest.load(store)
+
+
+def test_a_real_bfloat16_checkpoint_packs_and_opens(tiny, tmp_path):
+    import mlx.core as mx
+
+    src, _ = tiny("qwen3_moe", None)
+    model = tmp_path / "bf16"
+    model.mkdir()
+    shutil.copy(src / "config.json", model / "config.json")
+    weights = mx.load(str(src / "model.safetensors"))
+    mx.save_safetensors(str(model / "model.safetensors"), {k: v.astype(mx.bfloat16) for k, v in weights.items()})
+    from workbench.store.pack import pack
+
+    store = pack(model, tmp_path / "s", progress=False)
+    assert {t.dtype for t in Manifest.load(store).tensors} == {"bfloat16"}
+    with Engine(store, arena="0.5", progress=False) as eng:  # opens (MLX's CPU gather_mm runs float32 only)
+        assert eng.m.n_experts == 8

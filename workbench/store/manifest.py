@@ -132,8 +132,8 @@ class Manifest:
         for name, a in tree_flatten(experts[self.moe_layers[0]][1].parameters()):
             if a.shape[0] != self.n_experts:
                 raise StoreError(f"{where}: n_experts {self.n_experts} differs from the model's {a.shape[0]}; {REPACK}")
-            want.append((name, tuple(a.shape[1:]), str(a.dtype).split(".")[-1]))
-        have = [(t.name, t.shape, t.dtype) for t in self.tensors]
+            want.append((name, tuple(a.shape[1:]), _kind(str(a.dtype).split(".")[-1])))
+        have = [(t.name, t.shape, _kind(t.dtype)) for t in self.tensors]  # float width is the checkpoint's
         if want != have:
             bad = next((h, w) for h, w in zip(have + [None] * len(want), want + [None] * len(have)) if h != w)
             raise StoreError(f"{where}: expert tensor {bad[0]} does not match the model's {bad[1]}; {REPACK}")
@@ -155,6 +155,10 @@ class Manifest:
                              f"expected {self.data.get('resident_size')}); {REPACK}")
         if file_crc32(p) != want:
             raise StoreError(f"checksum mismatch in {p} (manifest crc32 {want:08x}); the store is corrupt: {REPACK}")
+
+
+def _kind(dtype: str) -> str:
+    return "float" if "float" in dtype else dtype
 
 
 def file_crc32(path, chunk: int = 16 << 20) -> int:
