@@ -191,6 +191,8 @@ def remove_store(name: str) -> Path:
     if (p / MANIFEST).exists():
         with file_lock(root / f".{name}.lock"):
             shutil.rmtree(p)
+        with contextlib.suppress(OSError):  # a packer racing this unlink still ends well (see pack)
+            (root / f".{name}.lock").unlink()
     elif is_stale(p):
         shutil.rmtree(p)
     else:

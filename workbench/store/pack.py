@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from .. import __version__
 from ..model import ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of
 from ..fsutil import temp_dir
-from .cache import PACKING
+from .cache import PACKING, cache_dir, clean_stale, file_lock, hold_packing_lock, weight_files
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, StoreError, file_crc32
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -62,8 +62,6 @@ def pack(model_dir, store_dir, progress: bool = True, reuse: bool = False) -> Pa
 
     One packer per STORE_DIR at a time (a second waits on ``.NAME.lock``); with ``reuse`` a store
     already there (or finished meanwhile by another process) is returned, else FileExistsError."""
-    from .cache import clean_stale, file_lock, hold_packing_lock, weight_files
-
     model_dir, store_dir = Path(model_dir), Path(store_dir)
     check_target(model_dir, store_dir)
     if (store_dir / MANIFEST).exists():
@@ -85,20 +83,23 @@ def pack(model_dir, store_dir, progress: bool = True, reuse: bool = False) -> Pa
             need = sum(f.stat().st_size for f in weight_files(model_dir))
             free = shutil.disk_usage(parent).free
             if need > free:
-                from .cache import cache_dir
-
                 raise StoreError(f"packing {model_dir} needs about {need / 1e9:.2f} GB but {parent} has "
                                  f"{free / 1e9:.2f} GB free; free space or set WORKBENCH_CACHE (now {cache_dir()}) "
                                  "or STORE_DIR to a disk with room")
             if progress:
                 print(f"packing {model_dir} into {store_dir} (about {need / 1e9:.2f} GB)", file=sys.stderr, flush=True)
-            return _pack_into(model_dir, store_dir, progress, hold_packing_lock)
+            try:
+                return _pack_into(model_dir, store_dir, progress)
+            except FileExistsError:
+                if reuse and (store_dir / MANIFEST).exists():
+                    return store_dir
+                raise
     finally:
         with contextlib.suppress(OSError):
             lock.unlink()
 
 
-def _pack_into(model_dir: Path, store_dir: Path, progress: bool, hold_packing_lock) -> Path:
+def _pack_into(model_dir: Path, store_dir: Path, progress: bool) -> Path:
     model, config = load_mlx_model(model_dir)
     experts = expert_modules(model)
     tmp = temp_dir(f".{store_dir.name}.tmp-", store_dir.parent)
@@ -113,12 +114,14 @@ def _pack_into(model_dir: Path, store_dir: Path, progress: bool, hold_packing_lo
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / MANIFEST).write_text(json.dumps(manifest))
         os.unlink(tmp / PACKING)
+        if (store_dir / MANIFEST).exists():
+            raise FileExistsError(f"{store_dir} already holds a store (packed by another process meanwhile)")
         if store_dir.exists():
             store_dir.rmdir()  # only an empty directory may stand in the way
         os.replace(tmp, store_dir)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.filename is None:  # name the place for the hint (a bare write error has none)
+        if e.filename is None and e.errno is not None:  # name the place for the hint (a bare write error has none)
             raise OSError(e.errno, e.strerror or str(e), str(store_dir)) from None
         raise
     except BaseException:
