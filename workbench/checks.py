@@ -10,11 +10,16 @@ import math
 MAX_IO_WORKERS = 256  # threads of one I/O scheduler
 
 
+def is_whole(v) -> bool:
+    """An int that is not a bool (JSON true/false parse as bool, a subclass of int)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def whole(flag: str, value, lo: int | None = None, hi: int | None = None, *, none_ok: bool = False):
     """``value`` as an int in [lo, hi]; ValueError naming ``flag`` otherwise."""
     if value is None and none_ok:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_whole(value):
         raise ValueError(f"{flag} must be a whole number, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         raise ValueError(f"{flag} {value} is out of range: give {_range(lo, hi)}")

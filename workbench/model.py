@@ -10,6 +10,8 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
+from .checks import is_whole, json_kind
+
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 TOPK_KEYS = ("num_experts_per_tok", "moe_top_k", "top_k", "num_activated_experts", "n_activated_experts")
 
@@ -74,17 +76,11 @@ REQUIRED_CONFIG = ("model_type",)  # the family's ModelArgs names what else it n
 CORE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers")  # never null when present
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def validate_config(config, where) -> dict:
     """Check the fields that size the model (types and ranges) and return the normalized config.
     Every problem raises ModelError: one line naming ``where``, the field and the fix."""
     fix = "fix the config or download the model again"
     if not isinstance(config, dict):
-        from .checks import json_kind
-
         raise ModelError(f"{where}: the config is a JSON {json_kind(config)}, not an object; {fix}")
     cfg = normalize_config(config)
     for key in REQUIRED_CONFIG:
@@ -98,14 +94,14 @@ def validate_config(config, where) -> dict:
         if key not in cfg or (cfg[key] is None and key not in CORE_SIZES):
             continue
         v = cfg[key]
-        if not _is_int(v) or not lo <= v <= hi:
+        if not is_whole(v) or not lo <= v <= hi:
             raise ModelError(f"{where}: field {key!r} is {v!r}; it must be a whole number in [{lo}, {hi}]; {fix}")
-    n_experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if _is_int(cfg.get(k))), None)
+    n_experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if is_whole(cfg.get(k))), None)
     for key in TOPK_KEYS:
         if key in cfg and cfg[key] is not None:
             v = cfg[key]
             hi = n_experts if n_experts is not None else 1 << 15
-            if not _is_int(v) or not 1 <= v <= hi:
+            if not is_whole(v) or not 1 <= v <= hi:
                 raise ModelError(f"{where}: field {key!r} is {v!r}; it must be a whole number in [1, {hi}] "
                                  f"(experts per token, at most the {n_experts or 'number of'} experts); {fix}")
     return cfg

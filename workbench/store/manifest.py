@@ -12,6 +12,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checks import is_whole, json_kind
+
 FORMAT = "workbench-store/1"
 ALIGN = 16 * 1024
 MANIFEST = "manifest.json"
@@ -43,10 +45,6 @@ class Blob:
 # bytes per element of every dtype a store may hold (the arena allocates these)
 DTYPE_BYTES = {"uint32": 4, "uint8": 1, "float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int32": 4, "uint16": 2}
 REPACK = "delete the store and pack the model again"
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class Manifest:
@@ -86,8 +84,6 @@ class Manifest:
         except (ValueError, UnicodeDecodeError) as e:
             raise StoreError(f"{f} is corrupt ({e}); {REPACK}") from None
         if not isinstance(data, dict):
-            from ..checks import json_kind
-
             raise StoreError(f"{f} is corrupt (a JSON {json_kind(data)}, not an object); {REPACK}")
         if data.get("format") != FORMAT:
             raise StoreError(f"{root} has store format {data.get('format')!r}, expected {FORMAT!r}; pack the model again")
@@ -171,7 +167,6 @@ def file_crc32(path, chunk: int = 16 << 20) -> int:
 
 def validate(data: dict, where) -> None:
     """Types, ranges and consistency of every manifest field the engine trusts (no file access)."""
-    from ..checks import json_kind
     from ..model import ModelError, config_hash, top_k_of, validate_config
 
     def bad(msg):
@@ -179,7 +174,7 @@ def validate(data: dict, where) -> None:
 
     def need_int(key, lo, hi=None, v=None):
         v = data.get(key) if v is None else v
-        if not _int(v) or v < lo or (hi is not None and v > hi):
+        if not is_whole(v) or v < lo or (hi is not None and v > hi):
             bad(f"{key} is {v!r}, expected a whole number in [{lo}, {'inf' if hi is None else hi}]")
         return v
 
@@ -198,7 +193,7 @@ def validate(data: dict, where) -> None:
     if data["model_type"] != cfg["model_type"]:
         bad(f"model_type {data['model_type']!r} differs from the config's {cfg['model_type']!r}")
     declared = cfg.get("num_hidden_layers")
-    n_layers = need_int("n_layers", 1, (declared if _int(declared) else 1024) + 1)
+    n_layers = need_int("n_layers", 1, (declared if is_whole(declared) else 1024) + 1)
     n_experts = need_int("n_experts", 1, 1 << 15)
     top_k = need_int("top_k", 1, n_experts)
     try:
@@ -207,12 +202,12 @@ def validate(data: dict, where) -> None:
     except ModelError as e:
         bad(str(e))
     layers = data["moe_layers"]
-    if not isinstance(layers, list) or not layers or not all(_int(x) and 0 <= x < n_layers for x in layers) \
+    if not isinstance(layers, list) or not layers or not all(is_whole(x) and 0 <= x < n_layers for x in layers) \
             or layers != sorted(set(layers)):
         bad(f"moe_layers must be a sorted non-empty list of distinct layer ids in [0, {n_layers})")
     q = data.get("quantized")
     if q is not None and not (isinstance(q, dict) and all(
-            isinstance(v, dict) and _int(v.get("group_size")) and _int(v.get("bits")) for v in q.values())):
+            isinstance(v, dict) and is_whole(v.get("group_size")) and is_whole(v.get("bits")) for v in q.values())):
         bad("quantized must map module paths to {group_size, bits}")
     tensors = data["tensors"]
     if not isinstance(tensors, list) or not tensors:
@@ -223,7 +218,7 @@ def validate(data: dict, where) -> None:
             bad(f"tensors[{i}] must be an object with a distinct name")
         names.add(t["name"])
         shape, dtype = t.get("shape"), t.get("dtype")
-        if not isinstance(shape, list) or not shape or not all(_int(d) and 1 <= d <= 1 << 24 for d in shape):
+        if not isinstance(shape, list) or not shape or not all(is_whole(d) and 1 <= d <= 1 << 24 for d in shape):
             bad(f"tensors[{i}] ({t['name']}) shape {shape!r} must be a list of whole numbers in [1, 2^24]")
         if dtype not in DTYPE_BYTES:
             bad(f"tensors[{i}] ({t['name']}) dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
@@ -241,7 +236,7 @@ def validate(data: dict, where) -> None:
     seen, extents = set(), []
     lset = set(layers)
     for i, b in enumerate(blobs):
-        if not (isinstance(b, list) and len(b) == 5 and all(_int(x) for x in b)):
+        if not (isinstance(b, list) and len(b) == 5 and all(is_whole(x) for x in b)):
             bad(f"blobs[{i}] must be [layer, expert, offset, size, crc32] of whole numbers, got {b!r}"[:300])
         layer, expert, offset, size, crc = b
         if layer not in lset or not 0 <= expert < n_experts or (layer, expert) in seen:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..checks import is_whole, json_kind
+
 META_KEY = b"workbench"
 
 ROUTE_FIELDS = [
@@ -137,16 +139,10 @@ def read_trace(path) -> Trace:
 MAX_EXPERTS = 1 << 15  # expert and layer ids are int16 in the trace
 
 
-def _whole(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def check_meta(meta, where: str) -> None:
     """The metadata fields readers size things by: types and ranges (TraceError otherwise)."""
     def bad(msg):
         raise TraceError(f"{where} metadata: {msg}; re-record the trace")
-
-    from ..checks import json_kind
 
     if not isinstance(meta, dict):
         bad(f"a JSON {json_kind(meta)}, not an object")
@@ -154,19 +150,19 @@ def check_meta(meta, where: str) -> None:
     if missing:
         bad(f"missing {missing}")
     n_experts = meta["n_experts"]
-    if not _whole(n_experts) or not 1 <= n_experts <= MAX_EXPERTS:
+    if not is_whole(n_experts) or not 1 <= n_experts <= MAX_EXPERTS:
         bad(f"n_experts is {n_experts!r}, expected a whole number in [1, {MAX_EXPERTS}]")
-    if not _whole(meta["top_k"]) or not 1 <= meta["top_k"] <= n_experts:
+    if not is_whole(meta["top_k"]) or not 1 <= meta["top_k"] <= n_experts:
         bad(f"top_k is {meta['top_k']!r}, expected a whole number in [1, n_experts={n_experts}]")
-    if not _whole(meta["n_layers"]) or not 1 <= meta["n_layers"] <= MAX_EXPERTS:
+    if not is_whole(meta["n_layers"]) or not 1 <= meta["n_layers"] <= MAX_EXPERTS:
         bad(f"n_layers is {meta['n_layers']!r}, expected a whole number in [1, {MAX_EXPERTS}]")
     layers = meta["moe_layers"]
-    if not isinstance(layers, list) or not layers or not all(_whole(x) and 0 <= x < MAX_EXPERTS for x in layers) \
+    if not isinstance(layers, list) or not layers or not all(is_whole(x) and 0 <= x < MAX_EXPERTS for x in layers) \
             or len(set(layers)) != len(layers):
         bad(f"moe_layers must be a non-empty list of distinct layer ids in [0, {MAX_EXPERTS})")
     for key in ("expert_bytes",):
         v = meta.get(key)
-        if v is not None and (not _whole(v) or v < 1):
+        if v is not None and (not is_whole(v) or v < 1):
             bad(f"{key} is {v!r}, expected a whole number >= 1")
     if meta.get("stats") is not None and not isinstance(meta["stats"], dict):
         bad(f"stats is a {json_kind(meta['stats'])}, expected an object")
