@@ -248,3 +248,14 @@ def test_empty_or_garbage_hotlist_is_refused(recorded, tmp_path, capsys):
         assert main(["run", str(recorded[1]), "--prompt-ids", "1", "--policy", "static", "--hotlist", str(path)]) == 2
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
+
+
+def test_python_api_refuses_static_without_a_hotlist(recorded):
+    from workbench.sim.replay import replay
+    from workbench.sim.vtime import simulate
+
+    with pytest.raises(ValueError, match="pins the experts of a hotlist"):
+        replay(recorded[0], "static", "0.5")
+    with pytest.raises(ValueError, match="pins the experts of a hotlist"):
+        simulate(recorded[0], "static", "0.5")
+    assert replay(recorded[0], "static", "0.5", keys=[0, 1]).capacity == 8

@@ -135,6 +135,10 @@ def replay(trace, policy="lru", arena="0.25", phase=None, preload=True, moce_bon
     'decode'. ``preload``: load the policy's warm keys (hotlist) first. Extra ``options``
     go to the policy (n_keys and n_experts are filled in from the trace).
     """
+    from ..arena.policies.static import require_hotlist
+
+    if isinstance(policy, str):
+        require_hotlist(policy, options)
     tr = load(trace)
     warning = check_replayable(tr.meta, moce_bonus)
     req = requests_from_trace(tr, phase=phase)

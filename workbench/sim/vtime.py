@@ -260,6 +260,10 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
     ``k``: candidates per row (default top_k); ``gate``: a name or a Gate; ``max_ahead``:
     cap on reads issued per target row.
     """
+    from ..arena.policies.static import require_hotlist
+
+    if isinstance(policy, str):
+        require_hotlist(policy, policy_options or {})
     tr = load(trace)
     warning = check_replayable(tr.meta, moce_bonus)
     timing = timing or Timing()
