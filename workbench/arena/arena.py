@@ -110,8 +110,18 @@ class Arena:
     def is_mapped(self, layer: int, expert: int) -> bool:
         return layer * self.E + expert in self.smap
 
-    def residency_signature(self) -> tuple:
-        return tuple(sorted(k for k, s in self.smap.items() if self.published[s]))
+    def residency_signature(self) -> bytes:
+        """The published residency set, as a bit mask over (layer, expert)."""
+        return np.packbits(self.lut != self.placeholder).tobytes()
+
+    def settle_hits(self, layers, ids) -> None:
+        """What ``at_layer`` + ``release`` + ``after_layer`` do, layer after layer, when every wanted
+        expert is published and no speculation is open (one token's ids per layer: distinct)."""
+        keys = np.asarray(layers, dtype=np.int64)[:, None] * self.E + np.sort(ids, axis=1)
+        for layer in layers:
+            self.counters.row(self.step, layer)["hits"] += ids.shape[1]
+        self.policy.access_many(keys.reshape(-1).tolist())
+        self.gen += len(layers)
 
     # ---- demand path -------------------------------------------------------------------
     def at_layer(self, layer: int, experts) -> np.ndarray:
