@@ -14,7 +14,7 @@ import re
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"([0-9]*\.?[0-9]+)\s*([a-z]+)")
-FORMS = "a fraction in (0, 1] (0.25), a percentage (25%), a slot count (64) or a size (2GB = 2e9 bytes, 2GiB = 2^30)"
+FORMS = "a fraction in (0, 1] (0.25), a percentage (25%), a slot count (64) or a size (2GB = 2e9 bytes, 2GiB = 2^31)"
 
 
 def parse_bytes(spec) -> int:
