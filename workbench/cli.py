@@ -18,7 +18,8 @@ def parse_ids(text: str) -> list[int]:
 
 
 def add_engine_args(p):
-    p.add_argument("--arena", default="0.25", help="fraction of routed experts (0.25, 25%%), slot count (64) or size (2GB = 2e9 bytes, 2GiB = 2^31)")
+    p.add_argument("--arena", default="0.25",
+                   help="fraction of routed experts (0.25, 25%%), slot count (64) or size (2GB = 2e9 bytes, 2GiB = 2^31)")
     p.add_argument("--policy", default="lru", help="eviction policy (lru, slru, twohit, ds4, static, s3fifo, lfu, fifo)")
     p.add_argument("--hotlist", help="hotlist file for --policy static or ds4 (KEY or LAYER EXPERT per line)")
     p.add_argument("--io-workers", type=int, default=8)
