@@ -133,18 +133,11 @@ def test_short_read_names_the_blob(tiny, tmp_path):
     _, src = tiny("qwen3_moe", 4, **SHAPE)
     dst = tmp_path / "s"
     shutil.copytree(src, dst)
-    import json
-
-    m = json.loads((dst / "manifest.json").read_text())
     size = (dst / EXPERTS).stat().st_size
-    m["experts_file_size"] = size - 50000  # pretend the manifest allows it, then cut the file
-    (dst / "manifest.json").write_text(json.dumps(m))
-    with open(dst / EXPERTS, "r+b") as f:
-        f.truncate(size - 50000)
-    with pytest.raises(StoreError, match="short read of layer 3 expert"):  # a full arena reads it all at open
-        Engine(dst, arena="1.0", progress=False)
     with Engine(dst, arena="1.0", preload=False, progress=False) as eng, \
             pytest.raises(StoreError, match="short read of layer 3 expert"):
+        with open(dst / EXPERTS, "r+b") as f:  # cut the file after the open (a cut manifest is refused at open)
+            f.truncate(size - 50000)
         for start in range(0, 120, 5):
             eng.generate(list(range(start, start + 10)), max_tokens=3)
 

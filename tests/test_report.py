@@ -196,6 +196,7 @@ def test_build_report_end_to_end(nbdir, tmp_path, monkeypatch):
     out = tmp_path / "rep"
     out.mkdir()
     (out / "stale.txt").write_text("old report")
+    (out / report.MARK).write_text(json.dumps(["stale.txt"]))  # a previous report that wrote stale.txt
     monkeypatch.chdir(tmp_path)
     rep = report.build_report("rep", params={"00": {"fail": True}, "01_beta": {"n": 4}},
                               notebook_dir=nbdir.relative_to(tmp_path), progress=False, jobs=2)

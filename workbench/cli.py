@@ -18,13 +18,16 @@ def parse_ids(text: str) -> list[int]:
 
 
 def add_engine_args(p):
-    p.add_argument("--arena", default="0.25", help="fraction of routed experts (0.25), slot count (64) or size (2GB)")
+    p.add_argument("--arena", default="0.25",
+                   help="fraction of routed experts (0.25, 25%%), slot count (64) or size (2GB = 2e9 bytes, 2GiB = 2^31)")
     p.add_argument("--policy", default="lru", help="eviction policy (lru, slru, twohit, ds4, static, s3fifo, lfu, fifo)")
     p.add_argument("--hotlist", help="hotlist file for --policy static or ds4 (KEY or LAYER EXPERT per line)")
     p.add_argument("--io-workers", type=int, default=8)
     p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--io-mode", default="buffered", help="buffered | dontneed | direct | nocache")
-    p.add_argument("--verify", default="first", help="checksum blobs: always | first (first read of each) | never")
+    p.add_argument("--verify", default="changed",
+                   help="checksum blobs: always | changed (first read, and again after experts.bin changed) | "
+                        "first (first read of each) | never")
     p.add_argument("--device", default=None, help="cpu | gpu (default: MLX's default device)")
     p.add_argument("--decode", default="auto", help="auto | optimistic (one host sync per token, verified) | layer "
                                                     "(one sync per MoE layer)")
@@ -43,7 +46,24 @@ def add_engine_args(p):
     g.add_argument("--gate", default="none", help="admission gate: none | confidence | cost")
 
 
+def check_engine_args(args) -> None:
+    """Refuse out-of-range flags up front, before a store is opened or a thread started."""
+    from .arena.policies.static import require_hotlist
+    from .checks import io_workers, real, whole
+
+    io_workers("--io-workers", args.io_workers, args.io_reserved)
+    whole("--lookahead", args.lookahead, 1)
+    whole("--ahead-width", args.ahead_width, 1, none_ok=True)
+    real("--moce-bonus", args.moce_bonus, 0)
+    whole("--moce-protect", args.moce_protect, 0)
+    real("--moce-r1", args.moce_r1, 0)
+    if getattr(args, "max_tokens", None) is not None:
+        whole("--max-tokens", args.max_tokens, 1)
+    require_hotlist(args.policy, {"hotlist": args.hotlist} if args.hotlist else {}, "--hotlist FILE")
+
+
 def engine_kwargs(args) -> dict:
+    check_engine_args(args)
     return dict(arena=args.arena, policy=args.policy, io_workers=args.io_workers, io_reserved=args.io_reserved,
                 io_mode=args.io_mode, verify=args.verify, device=args.device, decode=args.decode,
                 writes=args.slot_writes, policy_options={"hotlist": args.hotlist} if args.hotlist else None)
@@ -57,12 +77,37 @@ def cmd_pack(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from .store.cache import cache_dir, list_stores, remove_store
+
+    if args.action == "path":
+        print(cache_dir())
+        return 0
+    if args.action == "list":
+        rows = list_stores()
+        if args.json:
+            print(json.dumps(rows))
+        for r in [] if args.json else rows:
+            what = "dead packer's temp folder (workbench cache rm NAME)" if r["stale"] else (r["source"] or "?")
+            print(f"{r['name']:<48} {r['bytes'] / 1e6:10.1f} MB  {what}")
+        if not rows and not args.json:
+            print(f"no cached stores in {cache_dir() / 'stores'}")
+        return 0
+    if not args.names and not args.all:
+        raise ValueError("workbench cache rm: name the stores to remove (see `workbench cache list`) or pass --all")
+    names = [r["name"] for r in list_stores()] if args.all else args.names
+    for name in names:
+        print(f"removed {remove_store(name)}")
+    return 0
+
+
 def open_engine(args, progress):
     from .engine.engine import Engine
-
     from .routing.setup import configure
+    from .store.cache import resolve_store
 
-    eng = Engine.open(args.model, progress=progress, **engine_kwargs(args))
+    kw = engine_kwargs(args)  # flags are checked before anything is packed or opened
+    eng = Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
     try:
         configure(eng, args.predictor, args.lookahead, args.unpert, args.route, args.moce_bonus, args.moce_protect,
                   args.moce_r1, args.gate, args.ahead_width, args.oracle_trace)
@@ -113,6 +158,13 @@ def cmd_demo(args) -> int:
     from .data import default_model, workload
 
     model = default_model()
+    if not args.no_report:
+        try:
+            from .report import check_out
+        except ImportError:
+            pass
+        else:
+            check_out(args.out)  # refuse a directory the report may not replace before running anything
     try:
         prompt = workload("code_heldout")[0]["text"]
     except ValueError:
@@ -127,6 +179,9 @@ def cmd_demo(args) -> int:
         except ImportError:
             return rc
         out = build_report(out=args.out, preset="small")
+        if not out.published:
+            print(f"demo: every report notebook failed; {out} was left as it was", file=sys.stderr)
+            return 1
         print(f"report: {out}/index.html")
     return rc
 
@@ -150,8 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-moe-input", action="store_true", help="also record MoE inputs (lookahead analysis)")
     p.add_argument("--trace-io", action="store_true", help="also record the I/O event table")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--store", help="where to pack MODEL_DIR (default: the cache, $WORKBENCH_CACHE/stores)")
     add_engine_args(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("cache", help="the store cache: list | rm NAME... | path",
+                       description="Stores packed by `workbench run MODEL_DIR` live in $WORKBENCH_CACHE/stores "
+                                   "(default ~/.cache/workbench).")
+    p.add_argument("action", choices=("list", "rm", "path"))
+    p.add_argument("names", nargs="*", help="for rm: store names as `list` prints them")
+    p.add_argument("--all", action="store_true", help="for rm: every cached store")
+    p.add_argument("--json", action="store_true", help="for list: print JSON")
+    p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("demo", help="the main job on the shipped reference model, then a report")
     p.add_argument("--max-tokens", type=int, default=48)
@@ -177,8 +242,17 @@ def main(argv=None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, OSError, RuntimeError, KeyError) as e:
-        print(f"workbench: error: {e}", file=sys.stderr)
+    except OSError as e:
+        from .fsutil import os_error_hint
+
+        print(f"workbench: error: {os_error_hint(e)}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("workbench: error: out of memory; use a smaller --arena or a smaller model", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError, KeyError, OverflowError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        print(f"workbench: error: {msg}", file=sys.stderr)
         return 2
 
 

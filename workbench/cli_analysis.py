@@ -57,12 +57,9 @@ def _err(msg: str) -> int:
 
 
 def _parse_size(text: str) -> int:
-    t = text.strip().upper().replace("IB", "B")
-    units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "B": 1}
-    for u, f in units.items():
-        if t.endswith(u):
-            return int(float(t[: -len(u)]) * f)
-    return int(float(t))
+    from workbench.engine.arena_size import parse_bytes  # GB = 1e9, GiB = 2^30, as everywhere
+
+    return parse_bytes(text)
 
 
 def _print_table(df, title: str) -> None:

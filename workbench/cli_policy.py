@@ -77,9 +77,9 @@ def cmd_compare(args) -> int:
 
 def cmd_ioreplay(args) -> int:
     from .io.replay import replay_io
-    from .trace.schema import read_trace
 
-    stats = replay_io(read_trace(args.trace), args.store, arena=args.arena, policy=args.policy,
+    stats = replay_io(args.trace, args.store, arena=args.arena, policy=args.policy,
+                      policy_options={"hotlist": args.hotlist} if args.hotlist else None,
                       compute_ms=args.compute_ms, prefetch=args.prefetch, distance=args.lookahead,
                       io_mode=args.io_mode, io_workers=args.io_workers, max_steps=args.max_steps,
                       progress=not args.json)
@@ -110,6 +110,7 @@ def register(sub) -> None:
     p.add_argument("store", help="a packed store whose expert size you want to study")
     p.add_argument("--arena", default="0.25")
     p.add_argument("--policy", default="lru")
+    p.add_argument("--hotlist", help="hotlist file for --policy static or ds4")
     p.add_argument("--compute-ms", type=float, default=None, help="per-layer compute (default: from the trace's run)")
     p.add_argument("--prefetch", default=None, help="oracle, or a recorded predictor source (trace column pred_SRC)")
     p.add_argument("--lookahead", type=int, default=1)

@@ -15,7 +15,7 @@ def register(subparsers) -> None:
                    help="YAML/JSON parameters file, or a preset name: small (CI, seconds) or full "
                         "(the notebooks' own defaults; the default)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output directory (default: reports/latest); replaced atomically")
+                   help="output directory (default: reports/latest): new, empty, or a previous report, replaced atomically")
     p.add_argument("--only", default=None, metavar="NAMES",
                    help="comma-separated notebook names or NN prefixes, e.g. 01,05_mtp_union")
     p.add_argument("--kernel", default="python3",
@@ -40,6 +40,9 @@ def run_report(args) -> int:
         mark = "ok  " if r.ok else "FAIL"
         print(f"{mark} {r.name:<16} {r.seconds:6.1f} s  {len(r.charts):2d} figures"
               + (f"  {r.error}" if r.error else ""))
+    if not rep.published:
+        print(f"workbench report: every notebook failed; {rep.out} was left as it was", file=sys.stderr)
+        return 1
     print(f"report: {rep.out}/index.html ({rep.seconds:.1f} s)")
     return 0 if rep.ok else 1
 

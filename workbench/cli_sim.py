@@ -16,7 +16,7 @@ def register(subparsers) -> None:
                               description="Replay a recorded routing trace through engine eviction policies with an arena of N slots.")
     p.add_argument("trace", help="trace Parquet file (workbench run --trace)")
     p.add_argument("--policy", default="lru", help="policy name, or several separated by commas (default lru)")
-    p.add_argument("--arena", default="0.25", help="slots: a fraction of all routed experts (0.25) or a count (64)")
+    p.add_argument("--arena", default="0.25", help="a fraction (0.25), percentage (25%%), slot count (64) or size (2GB = 2e9 bytes, 2GiB)")
     p.add_argument("--phase", default="all", choices=["all", "prefill", "decode"], help="which rows to replay (default all)")
     p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, e.g. -o hotlist=hot.txt or -o protected=0.5 (repeatable)")
@@ -85,10 +85,14 @@ def cmd_replay(args) -> int:
     from .trace.schema import TraceError
 
     try:
+        from .arena.policies.static import require_hotlist
+
         opts = _options(args.option)
         policies = [p.strip() for p in args.policy.split(",") if p.strip()]
         if not policies:
             raise ValueError("--policy needs at least one name")
+        for pol in policies:
+            require_hotlist(pol, opts, "-o hotlist=FILE")
         results = []
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
@@ -113,6 +117,7 @@ def cmd_simulate(args) -> int:
     from .trace.schema import TraceError
 
     try:
+        check_simulate_args(args)
         timing = Timing(compute_s=args.compute_ms / 1e3, pre_moe_s=args.pre_ms / 1e3, read_latency_s=args.latency_us / 1e6,
                         bandwidth=args.bandwidth_gbs * 1e9, workers=args.io_workers, urgent_workers=args.urgent_workers,
                         piece_bytes=args.piece_kb * 1024 if args.piece_kb else None, expert_bytes=args.expert_bytes)
@@ -130,11 +135,32 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def check_simulate_args(args) -> None:
+    from .arena.policies.static import require_hotlist
+    from .checks import io_workers, real, whole
+
+    real("--compute-ms", args.compute_ms, 0)
+    real("--pre-ms", args.pre_ms, 0)
+    real("--latency-us", args.latency_us, 0)
+    real("--bandwidth-gbs", args.bandwidth_gbs, 0, open_lo=True)
+    io_workers("--io-workers", args.io_workers, args.urgent_workers, "--urgent-workers")
+    whole("--piece-kb", args.piece_kb, 1, none_ok=True)
+    whole("--expert-bytes", args.expert_bytes, 1, none_ok=True)
+    whole("--distance", args.distance, 1, none_ok=True)
+    real("--moce-bonus", args.moce_bonus, 0)
+    whole("--moce-protect", args.moce_protect, 0)
+    real("--moce-r1", args.moce_r1, 0)
+    require_hotlist(args.policy, {}, "one to `workbench replay TRACE --policy static -o hotlist=FILE` (simulate takes none)")
+
+
 def cmd_export(args) -> int:
     from .trace.export import export
     from .trace.schema import TraceError
 
     try:
+        from .checks import whole
+
+        whole("--size", args.size, 1, none_ok=True)
         n = export(args.trace, args.format, args.out, size=args.size, phase=args.phase)
     except (TraceError, ValueError, OSError) as err:
         return _fail(err)

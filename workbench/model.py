@@ -10,6 +10,8 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
+from .checks import is_whole, json_kind
+
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 TOPK_KEYS = ("num_experts_per_tok", "moe_top_k", "top_k", "num_activated_experts", "n_activated_experts")
 
@@ -47,7 +49,62 @@ def load_config(path: Path) -> dict:
     f = Path(path) / "config.json"
     if not f.exists():
         raise ModelError(f"{path} has no config.json; point at an mlx-lm model directory or a workbench store")
-    return normalize_config(json.loads(f.read_text()))
+    try:
+        raw = json.loads(f.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelError(f"{f} is not valid JSON ({e}); restore the model's config.json") from None
+    return validate_config(raw, f)
+
+
+# field -> (smallest, largest) accepted. Bounds are far above any released model and stop a
+# damaged config before it sizes an allocation (sizes multiply: keep each factor sane).
+CONFIG_BOUNDS = {
+    "vocab_size": (1, 1 << 24),
+    "hidden_size": (1, 1 << 17),
+    "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "head_dim": (1, 1 << 14),
+    "max_position_embeddings": (1, 1 << 31),
+    "num_experts": (1, 1 << 15),
+    "num_local_experts": (1, 1 << 15),
+    "n_routed_experts": (1, 1 << 15),
+    "n_shared_experts": (0, 1 << 10),
+}
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+REQUIRED_CONFIG = ("model_type",)  # the family's ModelArgs names what else it needs
+CORE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers")  # never null when present
+
+
+def validate_config(config, where) -> dict:
+    """Check the fields that size the model (types and ranges) and return the normalized config.
+    Every problem raises ModelError: one line naming ``where``, the field and the fix."""
+    fix = "fix the config or download the model again"
+    if not isinstance(config, dict):
+        raise ModelError(f"{where}: the config is a JSON {json_kind(config)}, not an object; {fix}")
+    cfg = normalize_config(config)
+    for key in REQUIRED_CONFIG:
+        if key not in cfg:
+            raise ModelError(f"{where}: field {key!r} is missing; {fix}")
+    if not isinstance(cfg["model_type"], str) or not cfg["model_type"]:
+        raise ModelError(f"{where}: field 'model_type' is {cfg['model_type']!r}, not a family name; {fix}")
+    limits = dict(CONFIG_BOUNDS)
+    limits.update({k: (1, 1 << 20) for k in cfg if k.endswith("intermediate_size") and k not in limits})
+    for key, (lo, hi) in limits.items():
+        if key not in cfg or (cfg[key] is None and key not in CORE_SIZES):
+            continue
+        v = cfg[key]
+        if not is_whole(v) or not lo <= v <= hi:
+            raise ModelError(f"{where}: field {key!r} is {v!r}; it must be a whole number in [{lo}, {hi}]; {fix}")
+    n_experts = next((cfg[k] for k in EXPERT_COUNT_KEYS if is_whole(cfg.get(k))), None)
+    for key in TOPK_KEYS:
+        if key in cfg and cfg[key] is not None:
+            v = cfg[key]
+            hi = n_experts if n_experts is not None else 1 << 15
+            if not is_whole(v) or not 1 <= v <= hi:
+                raise ModelError(f"{where}: field {key!r} is {v!r}; it must be a whole number in [1, {hi}] "
+                                 f"(experts per token, at most the {n_experts or 'number of'} experts); {fix}")
+    return cfg
 
 
 def model_classes(config: dict):
@@ -65,7 +122,11 @@ def model_classes(config: dict):
 def build_model(config: dict, quantized: dict | None = None):
     """Instantiate the mlx-lm model (lazy weights); quantize the modules named in ``quantized``."""
     model_class, args_class = model_classes(config)
-    model = model_class(args_class.from_dict(config))
+    try:
+        model = model_class(args_class.from_dict(config))
+    except (TypeError, ValueError, KeyError, OverflowError) as e:
+        raise ModelError(f"mlx-lm cannot build a {config.get('model_type')} model from this config "
+                         f"({type(e).__name__}: {e}); fix the config or download the model again") from None
     if quantized:
         nn.quantize(model, class_predicate=lambda p, m: quantized.get(p, False))
     return model

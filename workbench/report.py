@@ -15,7 +15,10 @@ Vega-Lite spec in the cell output (``CHART_MIME``). The kernel runs with
 ``WORKBENCH_STATIC=1`` so live panels render once, straight into the cell output.
 
 The output directory is built in a temporary sibling and renamed into place, so a reader
-never sees a half-written report. Parameters: ``params`` is a preset name (``"small"``,
+never sees a half-written report. ``out`` must be new, empty, or a previous report (marked by
+``.workbench-report``, the list of files it wrote); anything else is refused before a notebook
+runs, so nothing a user wrote is ever deleted. When every notebook fails, the previous report
+stays in place. Parameters: ``params`` is a preset name (``"small"``,
 ``"full"``), a YAML/JSON file, or a dict. A file may name a preset to start from
 (``preset: small``); ``all:`` holds parameters for every notebook that declares them and
 a section named after a notebook (``01_unpert:`` or ``"01":``) holds that notebook's.
@@ -33,11 +36,11 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from workbench.fsutil import temp_dir
 from workbench.viz.widgets import CHART_MIME, STATIC_ENV, spec_rows, spec_to_png, spec_to_svg
 
 REPO = Path(__file__).resolve().parent.parent
@@ -378,6 +381,7 @@ class Report:
     created: str
     kernel: str
     notebooks: list = field(default_factory=list)
+    published: bool = True  # False when every notebook failed: ``out`` was left as it was
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -456,10 +460,64 @@ code, pre {{ font-size: 12px; background: #f5f5f5; }}
 """
 
 
+MARK = ".workbench-report"  # in every report dir: the files the report wrote (JSON list)
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir() and p.name != MARK)
+
+
+def check_out(out) -> Path:
+    """Refuse an ``--out`` that holds anything this module did not write; returns the resolved path.
+
+    ``out`` may be missing, an empty directory, or a previous report (its ``MARK`` lists the
+    files it wrote). Anything else would be deleted when the new report replaces it."""
+    out = Path(out).resolve()
+    if not out.exists():
+        return out
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory; give a new or empty directory")
+    files = _files(out)
+    if not files and not any(out.iterdir()):
+        return out
+    mark = out / MARK
+    ours = _files_of_old_report(out) if not mark.is_file() else None
+    if not mark.is_file() and ours is None:
+        raise ValueError(f"--out {out} is not empty and is not a workbench report ({len(files)} files, e.g. "
+                         f"{files[0] if files else next(out.iterdir()).name}); nothing was written: "
+                         "give a new or empty directory")
+    if ours is None:
+        try:
+            ours = set(json.loads(mark.read_text()))
+        except (ValueError, TypeError):
+            raise ValueError(f"--out {out}: {MARK} is unreadable; give a new or empty directory") from None
+    foreign = [f for f in files if f not in ours]
+    if foreign:
+        raise ValueError(f"--out {out} holds {len(foreign)} file(s) the previous report did not write "
+                         f"(e.g. {foreign[0]}); move them away or give another directory")
+    return out
+
+
+def _files_of_old_report(out: Path) -> set | None:
+    """The files a report written before ``MARK`` existed wrote, from its report.json (None if it has none)."""
+    try:
+        rep = json.loads((out / "report.json").read_text())
+        files = {"index.html", "report.json"}
+        for nb in rep["notebooks"]:
+            files |= {nb["page"], nb["notebook"]}
+            files |= {c[k] for c in nb["charts"] for k in ("svg", "png", "spec")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return {f for f in files if isinstance(f, str)}
+
+
 def _publish(tmp: Path, out: Path) -> None:
-    """Rename the finished temp dir onto ``out`` (the old report, if any, is removed after)."""
+    """Rename the finished temp dir onto ``out``; the old report (checked again: only files it
+    wrote) is removed after."""
+    (tmp / MARK).write_text(json.dumps(_files(tmp)))
+    check_out(out)
     old = None
-    if out.exists():
+    if out.exists() and any(out.iterdir()):
         old = out.with_name(f".{out.name}.old-{os.getpid()}-{int(time.time())}")
         os.replace(out, old)
     os.replace(tmp, out)
@@ -479,7 +537,7 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
 
     from tqdm.auto import tqdm
 
-    out = (Path(out) if out else DEFAULT_OUT).resolve()
+    out = check_out(out if out else DEFAULT_OUT)
     paths = list_notebooks(only, notebook_dir)
     if preset is not None:
         base = load_params(preset)
@@ -493,7 +551,7 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
     check_params(paths, params)
     ensure_kernelspec(kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_dir(f".{out.name}.tmp-", out.parent)  # the umask's mode, not mkdtemp's 0700
     t0 = time.perf_counter()
     rep = Report(out=str(out), ok=True, seconds=0.0, kernel=kernel,
                  created=_dt.datetime.now().isoformat(timespec="seconds"))
@@ -513,10 +571,13 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
         rep.seconds = time.perf_counter() - t0
         (tmp / "index.html").write_text(_index_html(rep, params))
         (tmp / "report.json").write_text(json.dumps(rep.to_json(), indent=1, default=str))
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if any(r.ok for r in rep.notebooks):
+            _publish(tmp, out)
+        else:  # nothing ran: keep the previous report
+            rep.published = False
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return rep
 
 

@@ -9,7 +9,6 @@ expert math on slot ids, release, and schedule read-ahead for later layers.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +19,12 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..checks import io_workers as check_io_workers
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
-from ..model import ModelError, build_model, config_hash, expert_modules, load_config
-from ..store.manifest import MANIFEST, RESIDENT, Manifest, StoreError
+from ..model import ModelError, build_model, config_hash, expert_modules
+from ..store.cache import cache_dir, resolve_store  # noqa: F401  (re-exported: callers import them from here)
+from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
 from .arena_size import arena_slots
 from .counters import Counters, summarize
@@ -83,30 +84,6 @@ class Result:
     step_times: list = field(default_factory=list)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("WORKBENCH_CACHE", Path.home() / ".cache" / "workbench"))
-
-
-def resolve_store(path, progress=True) -> Path:
-    """A store directory as is; an mlx-lm model directory is packed once into the cache."""
-    path = Path(path)
-    if (path / MANIFEST).exists():
-        return path
-    if not path.exists():
-        raise ModelError(f"{path} does not exist; give an mlx-lm model directory or a workbench store")
-    config = load_config(path)
-    stamp = hashlib.sha256(config_hash(config).encode())
-    for f in sorted(path.glob("model*.safetensors")):
-        st = f.stat()
-        stamp.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    store = cache_dir() / "stores" / f"{path.resolve().name}-{stamp.hexdigest()[:12]}"
-    if not (store / MANIFEST).exists():
-        from ..store.pack import pack
-
-        pack(path, store, progress=progress)
-    return store
-
-
 class Engine(SpeculativeMixin):
     def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
                  io_mode="buffered", verify="first", progress=True, decode="auto", device=None, writes=None,
@@ -115,6 +92,7 @@ class Engine(SpeculativeMixin):
         ``device``: cpu or gpu (default: MLX's default device). ``writes``: direct or staged slot
         writes (default by backend). ``preload``: auto reads every expert at open when the arena
         holds them all; True / False force it."""
+        check_io_workers("io_workers", io_workers, io_reserved, "io_reserved")  # before any thread or file
         self.reader = self.io = None
         try:
             self._open(store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,

@@ -130,15 +130,19 @@ def replay_keys(keys, /, policy="lru", capacity: int = 1, token_end=None, preloa
 def replay(trace, policy="lru", arena="0.25", phase=None, preload=True, moce_bonus=None, **options) -> ReplayResult:
     """Replay ``trace`` (a Trace or a path) through ``policy`` with an arena of ``arena`` slots.
 
-    ``arena``: slots (int, or a string without a decimal point) or a fraction of all routed
-    experts (a float or a string with a decimal point). ``phase``: None/'all', 'prefill' or
+    ``arena``: slots, a fraction or percentage of all routed experts, or a size (with the
+    trace's expert_bytes); see ``engine.arena_size``. ``phase``: None/'all', 'prefill' or
     'decode'. ``preload``: load the policy's warm keys (hotlist) first. Extra ``options``
     go to the policy (n_keys and n_experts are filled in from the trace).
     """
+    from ..arena.policies.static import require_hotlist
+
+    if isinstance(policy, str):
+        require_hotlist(policy, options)
     tr = load(trace)
     warning = check_replayable(tr.meta, moce_bonus)
     req = requests_from_trace(tr, phase=phase)
-    capacity = parse_arena(arena, req.n_routed)
+    capacity = parse_arena(arena, req.n_routed, tr.meta.get("expert_bytes"))
     if isinstance(policy, (str, type)):
         options.setdefault("n_keys", req.n_keys)
         options.setdefault("n_experts", req.n_experts)
@@ -162,7 +166,7 @@ def replay_grid(trace, policies=("lru",), arenas=("0.25",), phase=None, preload=
         pairs = tqdm(pairs, desc="replay")
     rows = []
     for pol, arena in pairs:
-        cap = parse_arena(arena, req.n_routed)
+        cap = parse_arena(arena, req.n_routed, tr.meta.get("expert_bytes"))
         opts = {"n_keys": req.n_keys, "n_experts": req.n_experts} if isinstance(pol, (str, type)) else {}
         r = replay_keys(req.keys, pol, cap, token_end=req.token_end, preload=preload, **opts)
         d = r.to_dict()

@@ -109,22 +109,8 @@ def requests_from_trace(trace, phase=None) -> Requests:
     )
 
 
-def parse_arena(arena, n_routed: int) -> int:
-    """Slots from ``--arena``: a number with a decimal point is a fraction of all routed experts
-    (``1.0`` = all, ``0.25`` = a quarter); a whole number is a count of slots."""
-    text = str(arena).strip()
-    try:
-        if isinstance(arena, float) or "." in text:
-            frac = float(text)
-            if not 0.0 < frac <= 1.0:
-                raise ValueError
-            return max(1, int(round(frac * n_routed)))
-        slots = int(text)
-        if slots < 1:
-            raise ValueError
-        return slots
-    except ValueError:
-        raise ValueError(
-            f"arena {arena!r} is neither a fraction in (0, 1] of the {n_routed} routed experts (like 0.25) "
-            f"nor a whole number of slots >= 1 (like 64)"
-        ) from None
+def parse_arena(arena, n_routed: int, expert_bytes: int | None = None) -> int:
+    """Slots from ``--arena`` (see ``engine.arena_size``: fraction, percentage, slot count or size)."""
+    from ..engine.arena_size import arena_slots
+
+    return arena_slots(arena, n_routed, expert_bytes)

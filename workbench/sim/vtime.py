@@ -74,12 +74,18 @@ class Timing:
     piece_bytes: int | None = None  # split reads into pieces (queued pieces cancellable)
 
     def check(self):
+        from ..checks import real
+
         if self.workers < 1 or not 0 <= self.urgent_workers <= self.workers:
             raise ValueError(f"need workers >= 1 and 0 <= urgent_workers <= workers, got {self.workers}, {self.urgent_workers}")
-        if self.bandwidth <= 0 or (self.stream_bandwidth is not None and self.stream_bandwidth <= 0):
+        if not self.bandwidth > 0 or (self.stream_bandwidth is not None and not self.stream_bandwidth > 0):
             raise ValueError("bandwidth must be > 0 bytes/s")
-        if self.read_latency_s < 0:
-            raise ValueError("read_latency_s must be >= 0")
+        real("bandwidth", self.bandwidth, 0, open_lo=True)
+        real("read_latency_s", self.read_latency_s, 0)
+        for name in ("compute_s", "pre_moe_s"):
+            value = getattr(self, name)
+            for v in (value.values() if isinstance(value, dict) else [value]):
+                real(name, v, 0)
         if self.piece_bytes is not None and self.piece_bytes < 1:
             raise ValueError("piece_bytes must be >= 1 (or None for whole reads)")
 
@@ -254,6 +260,10 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
     ``k``: candidates per row (default top_k); ``gate``: a name or a Gate; ``max_ahead``:
     cap on reads issued per target row.
     """
+    from ..arena.policies.static import require_hotlist
+
+    if isinstance(policy, str):
+        require_hotlist(policy, policy_options or {})
     tr = load(trace)
     warning = check_replayable(tr.meta, moce_bonus)
     timing = timing or Timing()
@@ -265,8 +275,8 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
         raise ValueError("the trace has no decode rows to simulate")
     req = requests_from_trace(tr, phase="decode")
     E = req.n_experts
-    capacity = parse_arena(arena, req.n_routed)
     expert_bytes = int(timing.expert_bytes or tr.meta.get("expert_bytes") or 0)
+    capacity = parse_arena(arena, req.n_routed, expert_bytes or None)
     if expert_bytes <= 0:
         raise ValueError("expert size unknown: the trace has no expert_bytes; pass Timing(expert_bytes=...)")
     popts = dict(policy_options or {})

@@ -17,6 +17,10 @@ import zlib
 from .manifest import EXPERTS, Blob, StoreError
 
 READ_MODES = ("buffered", "dontneed", "direct", "nocache")
+# always: every read is checksummed. changed: a blob is checksummed on its first read and again
+# whenever experts.bin's size or mtime differs from when it was last checked (one fstat per read).
+# first: only the first read of each blob. never: no checksums.
+VERIFY_MODES = ("always", "changed", "first", "never")
 PIECE_BYTES = 1 << 20
 
 
@@ -39,8 +43,8 @@ class BlobReader:
             raise ValueError(f"unknown read mode {mode!r}; valid: {', '.join(READ_MODES)}")
         if mode not in available_modes():
             raise ValueError(f"read mode {mode!r} is not available on {sys.platform}; available: {', '.join(available_modes())}")
-        if verify not in ("always", "first", "never"):
-            raise ValueError(f"unknown verify {verify!r}; valid: always, first, never")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"unknown verify {verify!r}; valid: {', '.join(VERIFY_MODES)}")
         self.manifest, self.mode, self.verify = manifest, mode, verify
         self.piece_bytes = max(4096, piece_bytes // 4096 * 4096)
         self.path = os.path.join(root, EXPERTS)
@@ -50,7 +54,7 @@ class BlobReader:
             import fcntl
 
             fcntl.fcntl(self.fd, fcntl.F_NOCACHE, 1)
-        self._verified: set = set()
+        self._verified: dict = {}  # (layer, expert) -> file stamp (size, mtime_ns) when checked
         self._pieces: dict = {}
         self.page_cache = PageCacheProbe(self.fd, os.fstat(self.fd).st_size)
         self._local = threading.local()
@@ -93,6 +97,7 @@ class BlobReader:
     def read(self, blob: Blob, views, cancelled=lambda: False) -> int:
         """Read ``blob`` into ``views``; returns bytes read (less than blob.size if cancelled)."""
         done = 0
+        stamp = self._stamp() if self.verify == "changed" else None  # before the read: a later change re-checks
         for piece, n in self.pieces(views):
             if cancelled():
                 return done
@@ -107,7 +112,7 @@ class BlobReader:
             done += n
         if self.mode == "dontneed":
             os.posix_fadvise(self.fd, blob.offset, blob.size, os.POSIX_FADV_DONTNEED)
-        self._check(blob, views)
+        self._check(blob, views, stamp)
         return done
 
     def _read_piece(self, offset, piece, n):
@@ -130,8 +135,15 @@ class BlobReader:
             buf = self._local.buf = mmap.mmap(-1, max(length, self.piece_bytes + 8192))
         return buf
 
-    def _check(self, blob, views):
-        if self.verify == "never" or (self.verify == "first" and (blob.layer, blob.expert) in self._verified):
+    def _stamp(self):
+        st = os.fstat(self.fd)
+        return st.st_size, st.st_mtime_ns
+
+    def _check(self, blob, views, stamp=None):
+        key = (blob.layer, blob.expert)
+        if self.verify == "never" or (self.verify == "first" and key in self._verified):
+            return
+        if self.verify == "changed" and self._verified.get(key) == stamp:
             return
         crc = 0
         for v in views:
@@ -141,7 +153,7 @@ class BlobReader:
                 f"checksum mismatch in layer {blob.layer} expert {blob.expert} "
                 f"(crc32 {crc:08x}, manifest {blob.crc32:08x}) in {self.path}; the store is corrupt, pack the model again"
             )
-        self._verified.add((blob.layer, blob.expert))
+        self._verified[key] = stamp
 
 
 class PageCacheProbe:
@@ -162,8 +174,8 @@ class PageCacheProbe:
             self.vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
 
     def cached(self, offset: int, length: int) -> bool | None:
-        if self.addr is None:
-            return None
+        if self.addr is None or offset < 0 or length < 1 or offset + length > self.size:
+            return None  # outside the mapping: mincore would write past the vector
         page = mmap.PAGESIZE
         start = offset - offset % page
         n = -(-(offset + length - start) // page)

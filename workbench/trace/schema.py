@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from ..checks import is_whole, json_kind
+
 META_KEY = b"workbench"
 
 ROUTE_FIELDS = [
@@ -110,16 +112,101 @@ def read_trace(path) -> Trace:
     raw = (table.schema.metadata or {}).get(META_KEY)
     if raw is None:
         raise TraceError(f"trace {path} has no workbench metadata; it was not written by `workbench run --trace`")
-    meta = json.loads(raw)
-    missing = [k for k in REQUIRED_META if k not in meta]
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TraceError(f"trace {path} metadata is not valid JSON ({e}); re-record it") from None
+    where = f"trace {path}"
+    check_meta(meta, where)
     cols = [f.name for f in ROUTE_FIELDS if f.name not in table.column_names and f.name != "logits"]
-    if missing or cols:
-        raise TraceError(f"trace {path} is malformed: missing metadata {missing} / columns {cols}; re-record it")
+    if cols:
+        raise TraceError(f"{where} is malformed: missing columns {cols}; re-record it")
+    check_columns(table, meta, where)
     io = None
     ip = io_path(path)
     if ip.exists():
-        io = pq.read_table(ip).to_pandas()
+        try:
+            io_table = pq.read_table(ip)
+        except Exception as e:
+            raise TraceError(f"I/O table {ip} is not a readable Parquet file ({e}); re-record the trace or delete it") from None
+        missing = [c for c in IO_COLUMNS if c not in io_table.column_names]
+        if missing:
+            raise TraceError(f"I/O table {ip} lacks columns {missing}; re-record the trace or delete it")
+        io = io_table.to_pandas()
     return Trace(routes=table.to_pandas(), meta=meta, io=io, path=path)
+
+
+MAX_EXPERTS = 1 << 15  # expert and layer ids are int16 in the trace
+
+
+def check_meta(meta, where: str) -> None:
+    """The metadata fields readers size things by: types and ranges (TraceError otherwise)."""
+    def bad(msg):
+        raise TraceError(f"{where} metadata: {msg}; re-record the trace")
+
+    if not isinstance(meta, dict):
+        bad(f"a JSON {json_kind(meta)}, not an object")
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        bad(f"missing {missing}")
+    n_experts = meta["n_experts"]
+    if not is_whole(n_experts) or not 1 <= n_experts <= MAX_EXPERTS:
+        bad(f"n_experts is {n_experts!r}, expected a whole number in [1, {MAX_EXPERTS}]")
+    if not is_whole(meta["top_k"]) or not 1 <= meta["top_k"] <= n_experts:
+        bad(f"top_k is {meta['top_k']!r}, expected a whole number in [1, n_experts={n_experts}]")
+    if not is_whole(meta["n_layers"]) or not 1 <= meta["n_layers"] <= MAX_EXPERTS:
+        bad(f"n_layers is {meta['n_layers']!r}, expected a whole number in [1, {MAX_EXPERTS}]")
+    layers = meta["moe_layers"]
+    if not isinstance(layers, list) or not layers or not all(is_whole(x) and 0 <= x < MAX_EXPERTS for x in layers) \
+            or len(set(layers)) != len(layers):
+        bad(f"moe_layers must be a non-empty list of distinct layer ids in [0, {MAX_EXPERTS})")
+    for key in ("expert_bytes",):
+        v = meta.get(key)
+        if v is not None and (not is_whole(v) or v < 1):
+            bad(f"{key} is {v!r}, expected a whole number >= 1")
+    if meta.get("stats") is not None and not isinstance(meta["stats"], dict):
+        bad(f"stats is a {json_kind(meta['stats'])}, expected an object")
+
+
+def check_columns(table, meta: dict, where: str) -> None:
+    """Column types, no null selections, expert ids in [0, n_experts), layers in moe_layers."""
+    import pyarrow.compute as pc
+
+    def bad(msg):
+        raise TraceError(f"{where}: {msg}; the trace is corrupt, re-record it")
+
+    n_experts = meta["n_experts"]
+    for name in ("step", "token", "layer"):
+        if not pa.types.is_integer(table.schema.field(name).type):
+            bad(f"column {name!r} has type {table.schema.field(name).type}, expected integers")
+    if not pa.types.is_string(table.schema.field("phase").type) and not pa.types.is_large_string(table.schema.field("phase").type):
+        bad(f"column 'phase' has type {table.schema.field('phase').type}, expected strings")
+    id_cols = ["selected", "resident"] + [n for n in table.column_names if n.startswith("pred_")]
+    for name in id_cols:
+        if name not in table.column_names:
+            continue
+        t = table.schema.field(name).type
+        if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_integer(t.value_type):
+            bad(f"column {name!r} has type {t}, expected a list of expert ids (list<int16>)")
+        col = table.column(name)
+        if name == "selected" and col.null_count:
+            row = pc.index(pc.is_null(col), True).as_py()
+            bad(f"row {row} has no selected experts (null)")
+        flat = pc.list_flatten(col)
+        if flat.null_count:
+            bad(f"column {name!r} holds a null expert id")
+        if len(flat):
+            lo, hi = pc.min_max(flat).values()
+            if lo.as_py() < 0 or hi.as_py() >= n_experts:
+                e = lo.as_py() if lo.as_py() < 0 else hi.as_py()
+                bad(f"column {name!r} routes expert {e}, outside 0..{n_experts - 1} (n_experts={n_experts})")
+    layers = pc.unique(table.column("layer")).to_pylist()
+    unknown = sorted(set(layers) - set(meta["moe_layers"]), key=lambda x: (x is None, x))
+    if unknown:
+        bad(f"rows name layers {unknown[:5]} not in its moe_layers metadata {meta['moe_layers'][:8]}")
+    phases = set(pc.unique(table.column("phase")).to_pylist()) - {"prefill", "decode"}
+    if phases:
+        bad(f"column 'phase' holds {sorted(map(str, phases))[:3]}, expected prefill or decode")
 
 
 def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> None:
@@ -144,11 +231,11 @@ def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> No
 def atomic_write(path: Path, write) -> None:
     """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place."""
     import os
-    import tempfile
+
+    from ..fsutil import temp_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
+    tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, not mkstemp's 0600
     try:
         write(tmp)
         os.replace(tmp, path)

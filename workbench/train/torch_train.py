@@ -210,7 +210,11 @@ def train(tokens: torch.Tensor, a: TrainArgs, ckpt_dir: Path, log_path: Path, re
     if resume is not None:
         if not resume.is_file():
             raise ValueError(f"no checkpoint at {resume}: run without --resume first (same machine, still warm)")
-        st = torch.load(resume, map_location=DEVICE, weights_only=False)
+        try:  # tensors, numbers, strings and containers only: a checkpoint never runs code
+            st = torch.load(resume, map_location=DEVICE, weights_only=True)
+        except Exception as e:
+            raise ValueError(f"checkpoint {resume} cannot be loaded as plain tensors ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); start without --resume") from None
         moe.load_state_dict(st["moe"])
         draft.load_state_dict(st["draft"])
         mo.load_state_dict(st["moe_opt"])

@@ -14,7 +14,6 @@ the ``svg`` renderer (vl-convert, in-process) renders, also inside an ipywidgets
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Iterable
@@ -62,9 +61,11 @@ def use_interactive_renderer(renderer: str = "jupyter", max_rows: int | None = D
 
 def _atomic_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    from workbench.fsutil import temp_file
+
+    tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, not mkstemp's 0600
     try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:

@@ -50,7 +50,7 @@ def load_hotlist(source, n_keys: int | None = None, n_experts: int | None = None
 
 def save_hotlist(path, keys, n_experts: int | None = None) -> None:
     """Write ``keys`` (hottest first) as a text hotlist, ``LAYER EXPERT`` lines when ``n_experts`` is given."""
-    import tempfile
+    from ...fsutil import temp_file
 
     path = Path(path)
     lines = ["# workbench hotlist, hottest first"]
@@ -58,9 +58,9 @@ def save_hotlist(path, keys, n_experts: int | None = None) -> None:
         k = int(k)
         lines.append(f"{k // n_experts} {k % n_experts}" if n_experts else str(k))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    tmp = temp_file(f".{path.name}.", path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(tmp, "w") as f:
             f.write("\n".join(lines) + "\n")
         os.replace(tmp, path)
     except BaseException:
@@ -72,7 +72,10 @@ def save_hotlist(path, keys, n_experts: int | None = None) -> None:
 def _read_file(path: Path):
     if not path.exists():
         raise ValueError(f"hotlist file {path} does not exist; give a path to a text or JSON hotlist")
-    text = path.read_text()
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"hotlist file {path} is not text (UTF-8); write KEY or LAYER EXPERT per line") from None
     if path.suffix.lower() == ".json" or text.lstrip().startswith(("[", "{")):
         try:
             data = json.loads(text)

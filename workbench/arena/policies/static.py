@@ -6,6 +6,12 @@ from .base import Policy, _token_ends, register
 from .hotlist import load_hotlist
 
 
+def require_hotlist(policy: str, options: dict, how: str = "keys= or hotlist=") -> None:
+    """A run asking for static pinning must say what to pin (the class alone falls back to LRU)."""
+    if policy == "static" and options.get("keys") is None and options.get("hotlist") is None:
+        raise ValueError(f"--policy static pins the experts of a hotlist; give {how} (KEY or LAYER EXPERT per line)")
+
+
 @register
 class Static(Policy):
     """Static pinning: hotlist keys are never chosen while an unpinned key can go; the rest is LRU."""
@@ -23,6 +29,8 @@ class Static(Policy):
         if keys is not None and hotlist is not None:
             raise ValueError("static policy: give either keys= or hotlist= (a file), not both")
         hl = load_hotlist(keys if keys is not None else hotlist, n_keys=options.get("n_keys"), n_experts=options.get("n_experts"))
+        if hotlist is not None and not hl:
+            raise ValueError(f"static policy: hotlist {hotlist} holds no keys; write KEY or LAYER EXPERT per line")
         if top is not None:
             hl = hl[: int(top)]
         if len(hl) >= self.capacity:

@@ -1,0 +1,50 @@
+"""Helpers for the hostile-input tests: damaged copies of tiny stores, the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from workbench.model import config_hash
+from workbench.store.manifest import MANIFEST
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def copy_store(src, dst) -> Path:
+    shutil.copytree(src, dst)
+    return Path(dst)
+
+
+def edit_manifest(store, fn, rehash=False) -> None:
+    """Apply ``fn(data)`` to the manifest (may return a replacement); ``rehash`` keeps config_hash valid."""
+    p = Path(store) / MANIFEST
+    data = json.loads(p.read_text())
+    out = fn(data)
+    data = data if out is None else out
+    if rehash and isinstance(data, dict):
+        data["config_hash"] = config_hash(data["config"])
+    p.write_text(json.dumps(data))
+
+
+def cli(*argv, env=None, cwd=None, timeout=300):
+    """Run ``python -m workbench.cli ARGV`` -> CompletedProcess (text)."""
+    e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "workbench.cli", *map(str, argv)], capture_output=True,
+                          text=True, timeout=timeout, env=e, cwd=cwd or REPO)
+
+
+def assert_clean_error(r, *needles):
+    """Exit 2, no traceback, the error one line (the last; progress lines before it are allowed),
+    every needle in it."""
+    err = r.stderr.strip()
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()]
+    progress = [ln for ln in lines[:-1] if ln.startswith("packing ") or "|" in ln]
+    assert r.returncode == 2, (r.returncode, err)
+    assert "Traceback" not in err and lines and len(progress) == len(lines) - 1, err
+    for n in needles:
+        assert n in lines[-1], err

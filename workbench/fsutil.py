@@ -1,0 +1,50 @@
+"""Files and folders the workbench creates: the user's umask, atomic temp names, and one-line hints
+when the disk is full or a place is read-only."""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    with _LOCK:  # os.umask only sets; read it by setting it back
+        old = os.umask(0o022)
+        os.umask(old)
+    return old
+
+
+def temp_dir(prefix: str, parent) -> Path:
+    """``tempfile.mkdtemp`` in ``parent``, but with the mode a plain ``mkdir`` would get (not 0700),
+    so a finished store or report renamed into place is readable by whoever the umask allows."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~umask())
+    return path
+
+
+def temp_file(prefix: str, parent) -> str:
+    """``tempfile.mkstemp`` in ``parent`` (closed), with the mode ``open(..., "w")`` would give (not 0600)."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, dir=parent)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~umask())
+    return tmp
+
+
+def os_error_hint(e: OSError) -> str:
+    """One line for a failed file operation: what, where, and the fix (disk full, read-only, denied)."""
+    from .store.cache import cache_dir
+
+    where = e.filename or "?"
+    base = f"{e.strerror or e} ({where})"
+    cache = f"WORKBENCH_CACHE (now {cache_dir()})"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return (f"{base}: the disk is full (or a file size limit was hit); free space there, or point {cache} "
+                "or the output path at a disk with room")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"{base}: cannot write there; choose a writable output path, or set {cache} to a writable folder"
+    return base if e.filename else str(e)
