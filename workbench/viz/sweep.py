@@ -53,7 +53,8 @@ def heatmap(table: pd.DataFrame, metric: str, title: str | None = None, subtitle
     mid = (lo + hi) / 2
     table["dark"] = (table["value"] < mid) if reverse else (table["value"] > mid)
     order = table.drop_duplicates("column").sort_values("slots")["column"].tolist()
-    base = alt.Chart(table).encode(x=alt.X("column:O", sort=order, title="arena"), y=alt.Y("policy:N", title="policy"))
+    base = alt.Chart(table).encode(x=alt.X("column:O", sort=order, title="arena", axis=alt.Axis(labelAngle=0)),
+                                   y=alt.Y("policy:N", title="policy"))
     rect = base.mark_rect().encode(
         color=alt.Color("value:Q", title=label, scale=alt.Scale(scheme="orangered", reverse=reverse)),
         tooltip=["policy", "arena", "slots", alt.Tooltip("value:Q", title=label, format=",.4g"), "cells"])
