@@ -250,7 +250,7 @@ def open_client(workers: int | None = None, scheduler: str | None = None, timeou
             raise SweepError(f"cannot reach the Dask scheduler at {scheduler} ({type(e).__name__}: {e}); "
                              f"start one (`dask scheduler`) or drop --scheduler to use local workers") from None
     cluster = LocalCluster(n_workers=workers or 2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                           dashboard_address=None, silence_logs=logging.ERROR)
+                           dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
     return Client(cluster), cluster
 
 
