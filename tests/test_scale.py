@@ -255,3 +255,17 @@ def test_sweep_heatmap_slices(traces, tmp_path, cluster):
     assert wb.spec_rows(spec) == 6 and "bytes per token" in wb.chart_title(spec)
     with pytest.raises(ValueError, match="no sweep cells"):
         sv.sweep_slice(df, "sync_misses", predictor="d7")
+
+
+def test_sweep_bad_input_fails_before_any_work(traces, tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert main(["sweep", str(traces[0]), "--arena", "0.25,3XB", "--out", str(out)]) == 2
+    assert "cannot read arena size '3XB'" in capsys.readouterr().err and not out.exists()
+    assert main(["sweep", str(tmp_path / "missing.parquet"), "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    grid = tmp_path / "g.yaml"
+    grid.write_text("traces: [x.parquet]\npolicy: [lru]\n")
+    assert main(["sweep", "--grid", str(grid), "--out", str(out)]) == 2
+    assert "unknown keys ['policy']" in capsys.readouterr().err
+    assert main(["sweep", str(traces[0]), "--kind", "replay", "--gate", "confidence", "--out", str(out)]) == 2
+    assert "simulate cells only" in capsys.readouterr().err and not out.exists()

@@ -71,6 +71,11 @@ class Grid:
         for k, v in data.items():
             if k in ("traces", "policies", "arenas", "predictors", "distances", "gates") and not isinstance(v, list):
                 data[k] = [v]
+        here = path.parent
+        rel = lambda p: str(p) if Path(p).is_absolute() else str(here / p)  # noqa: E731
+        data["traces"] = [(t[0], rel(t[1])) if isinstance(t, (list, tuple)) else rel(t) for t in data.get("traces") or []]
+        if data.get("store"):
+            data["store"] = rel(data["store"])
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**data)
 
@@ -237,6 +242,25 @@ class SweepResult:
         return d
 
 
+def check_cells(cells) -> None:
+    """Read every trace (and store) once and size every arena here, so bad input fails before any work."""
+    from ..engine.arena_size import arena_slots
+    from ..store.manifest import Manifest
+    from ..trace.schema import read_trace
+
+    traces, stores = {}, {}
+    for c in cells:
+        if c["trace"] not in traces:
+            traces[c["trace"]] = read_trace(c["trace"])
+        if c["kind"] == "ioreplay":
+            if c["store"] not in stores:
+                stores[c["store"]] = Manifest.load(c["store"])
+            m = stores[c["store"]]
+            arena_slots(c["arena"], m.n_routed, m.expert_bytes, m.top_k)
+        else:
+            _slots(c["arena"], traces[c["trace"]])
+
+
 def open_client(workers: int | None = None, scheduler: str | None = None, timeout: float = 5.0):
     """(client, cluster or None): a LocalCluster of ``workers`` processes on 127.0.0.1, or ``scheduler``."""
     import logging
@@ -265,9 +289,7 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
 
     out = Path(out)
     cells = grid.cells()
-    for c in cells:
-        if not Path(c["trace"]).exists():
-            raise ValueError(f"trace {c['trace']} does not exist; record one with `workbench run ... --trace`")
+    check_cells(cells)
     out.mkdir(parents=True, exist_ok=True)
     done = done_ids(out)
     todo = [c for c in cells if c["cell_id"] not in done]
