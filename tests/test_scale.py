@@ -269,3 +269,27 @@ def test_sweep_bad_input_fails_before_any_work(traces, tmp_path, capsys):
     assert "unknown keys ['policy']" in capsys.readouterr().err
     assert main(["sweep", str(traces[0]), "--kind", "replay", "--gate", "confidence", "--out", str(out)]) == 2
     assert "simulate cells only" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("like", ["qwen3-30b-a3b", "mixtral-8x7b", "glm-4.5-air", "tiny"])
+def test_synth_config_builds_the_real_model_with_these_experts(like):
+    """The manifest's config and quantized map build the mlx-lm model (lazily) whose expert
+    tensors have exactly the store's names and shapes (dtype: see --dtype; a fresh model is float32)."""
+    from mlx.utils import tree_flatten
+
+    from workbench.model import build_model, expert_modules, top_k_of
+    from workbench.store.synth import expert_tensors, moe_layers, quantized_experts, synthetic_config
+
+    shape = resolve_shape(like, layers=2)
+    cfg = synthetic_config(shape, 4, like)
+    model = build_model(cfg, quantized_experts(shape, 4))
+    experts = expert_modules(model)
+    assert sorted(experts) == moe_layers(shape) and top_k_of(cfg) == shape.top_k
+    for layer in moe_layers(shape):
+        path, module = experts[layer]
+        assert path == f"model.layers.{layer}.{shape.expert_path}"
+        got = [(n, tuple(a.shape)) for n, a in tree_flatten(module.parameters())]
+        assert got == [(t["name"], (shape.experts, *t["shape"])) for t in expert_tensors(shape, 4)]
+    f32 = expert_tensors(shape, 4, "float32")
+    assert [str(a.dtype).split(".")[-1] for _, a in tree_flatten(experts[moe_layers(shape)[0]][1].parameters())] == \
+        [t["dtype"] for t in f32]

@@ -11,10 +11,10 @@ def cmd_synth_store(args) -> int:
 
     overrides = dict(layers=args.layers, experts=args.experts, hidden=args.hidden, width=args.expert_width, top_k=args.top_k)
     shape = resolve_shape(args.like, **overrides)
-    expert, total = store_bytes(shape, args.bits)
+    expert, total = store_bytes(shape, args.bits, args.dtype)
     print(f"synth-store: {shape.layers} layers x {shape.experts} experts, {expert / 1e6:.2f} MB each at {args.bits} bits, "
           f"{total / 1e9:.2f} GB -> {args.out}", file=sys.stderr)
-    synth_store(args.out, like=args.like, bits=args.bits, seed=args.seed, progress=True, **overrides)
+    synth_store(args.out, like=args.like, bits=args.bits, seed=args.seed, progress=True, dtype=args.dtype, **overrides)
     print(f"wrote {args.out}")
     return 0
 
@@ -27,7 +27,9 @@ def register(sub) -> None:
                                    "Explicit shape flags override the preset's fields.")
     p.add_argument("out", metavar="OUT")
     p.add_argument("--like", choices=sorted(PRESETS), help="take the shapes of this model")
-    p.add_argument("--bits", type=int, default=4, help="quantization bits (2 3 4 5 6 8; 16 for bfloat16), default 4")
+    p.add_argument("--bits", type=int, default=4, help="quantization bits (2 3 4 5 6 8; 16: unquantized), default 4")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                   help="dtype of scales and biases (of the weights at 16 bits); published MLX checkpoints: bfloat16")
     p.add_argument("--layers", type=int, help="MoE layers")
     p.add_argument("--experts", type=int, help="routed experts per layer")
     p.add_argument("--hidden", type=int, help="hidden size")
