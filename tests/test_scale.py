@@ -293,3 +293,10 @@ def test_synth_config_builds_the_real_model_with_these_experts(like):
     f32 = expert_tensors(shape, 4, "float32")
     assert [str(a.dtype).split(".")[-1] for _, a in tree_flatten(experts[moe_layers(shape)[0]][1].parameters())] == \
         [t["dtype"] for t in f32]
+
+
+def test_the_engine_refuses_a_synthetic_store_in_one_line(tiny_store, capsys):
+    capsys.readouterr()
+    assert main(["run", str(tiny_store), "--prompt-ids", "1,2", "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "resident.safetensors" in err[0]  # no resident weights: ioreplay only
