@@ -164,7 +164,7 @@ def test_sweep_rows_are_the_library_results(cluster, traces, tmp_path):
     s = simulate(traces[1], "fifo", 12, timing=Timing(bandwidth=1e9), predictor="d1", gate="confidence").summary
     assert (row.slots, row.sync_misses, row.bytes_read, row.prefetch_issued) == (12, s["sync_misses"], s["bytes_read"],
                                                                                 s["prefetch"]["issued"])
-    assert row.bytes_per_token == s["bytes_read"] / s["tokens"]
+    assert row.bytes_per_token == s["bytes_read"] / s["tokens"] and row.timing_bandwidth == 1e9
     rp = sweep(Grid(traces=[traces[0]], kind="replay", arenas=["5"]), tmp_path / "rp", scheduler=cluster.scheduler_address,
                progress=False)
     assert rp.ran == 1

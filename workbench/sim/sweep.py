@@ -140,8 +140,8 @@ def run_cell(cell: dict) -> dict:
 
     t0 = time.perf_counter()
     trace = read_trace(cell["trace"])
-    row = {k: cell.get(k) for k in CONFIG}
-    row["cell_id"] = cell["cell_id"]
+    row = {k: v for k, v in cell.items() if k != "timing"}  # the whole configuration, flat
+    row.update({f"timing_{k}": v for k, v in (cell.get("timing") or {}).items()})
     if cell["kind"] == "replay":
         from .replay import replay
 
