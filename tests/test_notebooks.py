@@ -19,7 +19,7 @@ from workbench.viz import widgets as wb
 NB_DIR = report.NOTEBOOK_DIR
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = ["00_quickstart", "01_unpert", "02_lookahead", "03_cosine", "04_gates", "05_mtp_union",
-            "06_policies", "07_read_path", "08_ledger"]
+            "06_policies", "07_read_path", "08_ledger", "09_sweep"]
 
 
 def test_all_notebooks_present():

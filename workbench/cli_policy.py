@@ -82,7 +82,7 @@ def cmd_ioreplay(args) -> int:
                       policy_options={"hotlist": args.hotlist} if args.hotlist else None,
                       compute_ms=args.compute_ms, prefetch=args.prefetch, distance=args.lookahead,
                       io_mode=args.io_mode, io_workers=args.io_workers, max_steps=args.max_steps,
-                      progress=not args.json)
+                      progress=not args.json, map_layers=args.map_layers, map_experts=args.map_experts)
     if args.json:
         print(json.dumps(stats))
     else:
@@ -117,5 +117,10 @@ def register(sub) -> None:
     p.add_argument("--io-mode", default="buffered")
     p.add_argument("--io-workers", type=int, default=8)
     p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--map-layers", choices=["modulo", "spread"], default=None,
+                   help="replay a trace of another model: store layer j takes trace layer j mod n (modulo) "
+                        "or j*n/N (spread); without it the layers must match")
+    p.add_argument("--map-experts", choices=["modulo"], default=None,
+                   help="map trace expert e to store expert e mod E; without it the expert counts must match")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ioreplay)

@@ -33,14 +33,14 @@ def drop_cache(path) -> None:
             os.close(fd)
 
 
-def sequential_gbps(path, mode="buffered", chunk=1 << 20, cold=True) -> float:
-    """GB/s of one thread reading the whole file front to back in ``chunk`` pieces."""
+def sequential_gbps(path, mode="buffered", chunk=1 << 20, cold=True, limit=None) -> float:
+    """GB/s of one thread reading the file (its first ``limit`` bytes) front to back in ``chunk`` pieces."""
     if cold:
         drop_cache(path)
     flags = os.O_RDONLY | (os.O_DIRECT if mode == "direct" else 0)
     fd = os.open(path, flags)
     buf = mmap.mmap(-1, chunk)
-    size = os.fstat(fd).st_size
+    size = os.fstat(fd).st_size if limit is None else min(limit, os.fstat(fd).st_size)
     t0 = time.perf_counter()
     off = 0
     try:

@@ -23,15 +23,52 @@ from ..store.reader import BlobReader
 from .scheduler import IOScheduler
 
 
+MAP_LAYERS = ("modulo", "spread")
+MAP_EXPERTS = ("modulo",)
+
+
+def layer_plan(t_layers, s_layers, how=None) -> list[tuple[int, int]]:
+    """(store layer, trace layer) pairs, one per store MoE layer, in order.
+
+    Without ``how`` the trace must have the store's MoE layers. ``modulo``: store layer j replays
+    trace layer j mod n_trace; ``spread``: trace layer floor(j * n_trace / n_store) (contiguous runs).
+    """
+    t_layers, s_layers = list(t_layers), list(s_layers)
+    if how is None:
+        if t_layers != s_layers:
+            raise ValueError(f"the trace's MoE layers ({len(t_layers)}: {t_layers[:4]}...) differ from the store's "
+                             f"({len(s_layers)}: {s_layers[:4]}...); map them explicitly with --map-layers modulo|spread")
+        return list(zip(s_layers, t_layers))
+    if how == "modulo":
+        return [(s, t_layers[j % len(t_layers)]) for j, s in enumerate(s_layers)]
+    if how == "spread":
+        return [(s, t_layers[j * len(t_layers) // len(s_layers)]) for j, s in enumerate(s_layers)]
+    raise ValueError(f"unknown layer map {how!r}; valid: {', '.join(MAP_LAYERS)}")
+
+
+def expert_map(n_trace: int, n_store: int, how=None):
+    """A function from trace expert ids (array) to store expert ids."""
+    if how is None:
+        if n_trace != n_store:
+            raise ValueError(f"the trace routes over {n_trace} experts per layer, the store has {n_store}; "
+                             f"map them explicitly with --map-experts modulo")
+        return lambda e: e
+    if how == "modulo":
+        return lambda e: e % n_store
+    raise ValueError(f"unknown expert map {how!r}; valid: {', '.join(MAP_EXPERTS)}")
+
+
 def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetch=None, distance=1,
               io_mode="buffered", io_workers=8, io_reserved=2, max_steps=None, progress=True,
-              policy_options=None) -> dict:
+              map_layers=None, map_experts=None, policy_options=None) -> dict:
     """Replay ``trace`` (workbench.trace.schema.Trace) against ``store``.
 
     compute_ms: per-layer compute time in ms (default: the trace run's compute_s spread evenly).
     prefetch: None, "oracle" (the trace's own next selections at ``distance``), or a recorded
     predictor source ``SRC`` (the trace's ``pred_SRC`` column), issued ``distance`` layers early.
-    ``trace`` is a Trace or a path. The store needs at least the trace's experts per layer.
+    ``trace`` is a Trace or a path. map_layers / map_experts: how a trace of another model maps onto
+    the store (``layer_plan``, ``expert_map``); without them a mismatch is refused. Each token runs
+    every store MoE layer.
     """
     from ..arena.policies.static import require_hotlist
     from ..checks import io_workers as check_workers
@@ -45,16 +82,13 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
     require_hotlist(policy, policy_options or {}, "--hotlist FILE")
     trace = trace if isinstance(trace, Trace) else read_trace(trace)
     m = Manifest.load(store)
-    if trace.n_experts > m.n_experts:
-        raise ValueError(f"trace {trace.path or ''} routes {trace.n_experts} experts per layer but store {store} has "
-                         f"{m.n_experts}; replay onto a store with at least {trace.n_experts} experts per layer")
     dec = trace.decode().sort_values(["step", "layer"])
     if not len(dec):
         raise ValueError(f"trace {trace.path or ''} has no decode rows to replay; record a run with --max-tokens 1 or more")
     steps = sorted(dec.step.unique())[:max_steps]
     t_layers = trace.moe_layers
-    s_layers = m.moe_layers
-    layer_map = {t: s_layers[i % len(s_layers)] for i, t in enumerate(t_layers)}
+    plan = layer_plan(t_layers, m.moe_layers, map_layers)
+    to_store = expert_map(int(trace.meta["n_experts"]), m.n_experts, map_experts)
     if compute_ms is None:
         st = trace.meta.get("stats") or {}
         try:
@@ -68,10 +102,11 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
         if column not in dec.columns:
             have = [c[5:] for c in dec.columns if c.startswith("pred_")]
             raise ValueError(f"trace has no predictor column {column}; recorded sources: {have or 'none'} (or use oracle)")
-    sel = {(int(s), int(l)): np.asarray(v, dtype=np.int64) for s, l, v in zip(dec.step, dec.layer, dec.selected)}
+    sel = {(int(s), int(l)): to_store(np.asarray(v, dtype=np.int64)) for s, l, v in zip(dec.step, dec.layer, dec.selected)}
     pred = {}
     if column is not None:  # ids were checked against n_experts when the trace was read
-        pred = {(int(s), int(l)): np.asarray(v, dtype=np.int64) for s, l, v in zip(dec.step, dec.layer, dec[column]) if v is not None}
+        pred = {(int(s), int(l)): to_store(np.asarray(v, dtype=np.int64))
+                for s, l, v in zip(dec.step, dec.layer, dec[column]) if v is not None}
     missing = next(((s, tl) for s in steps for tl in t_layers if (s, tl) not in sel), None)
     if missing is not None:
         raise ValueError(f"trace {trace.path or ''} has no row for step {missing[0]} layer {missing[1]}; "
@@ -82,27 +117,27 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
     reader = BlobReader(store, m, mode=io_mode, verify="never")
     io = IOScheduler(reader, workers=io_workers, reserved=min(io_reserved, io_workers))
     ar = Arena(m, n_slots, io, counters, hooks, policy, policy_options)
-    order = [(s, l) for s in steps for l in t_layers]
-    pos = {x: i for i, x in enumerate(order)}
+    order = [(s, i) for s in steps for i in range(len(plan))]  # (step, index into plan)
     times = []
     try:
-        for s in tqdm(steps, desc="io replay", unit="tok", disable=not progress):
+        for step_index, s in enumerate(tqdm(steps, desc="io replay", unit="tok", disable=not progress)):
             t0 = time.perf_counter()
             ar.step = s
             counters.phase[s] = "decode"
-            for i, tl in enumerate(t_layers):
-                ar.at_layer(layer_map[tl], np.unique(sel[(s, tl)]))
+            for i, (sl, tl) in enumerate(plan):
+                ar.at_layer(sl, np.unique(sel[(s, tl)]))
                 ar.release()
                 _busy(compute_ms / 1e3)
-                counters.row(s, layer_map[tl])["compute_ns"] += int(compute_ms * 1e6)
+                counters.row(s, sl)["compute_ns"] += int(compute_ms * 1e6)
                 ar.after_layer()
                 if prefetch is not None:
-                    j = pos[(s, tl)] + distance
+                    j = step_index * len(plan) + i + distance
                     if j < len(order):
-                        target = order[j]
+                        ts, ti = order[j]
+                        target = (ts, plan[ti][1])
                         cands = sel.get(target) if prefetch == "oracle" else pred.get(target)
                         for e in ([] if cands is None else cands):
-                            ar.prefetch(layer_map[target[1]], int(e), k)
+                            ar.prefetch(plan[ti][0], int(e), k)
             ar.policy.tick()
             times.append(time.perf_counter() - t0)
         ar.finish_speculation()
@@ -111,9 +146,11 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
         reader.close()
     stats = summarize(counters.totals("decode"))
     med = float(np.median(times)) if times else 0.0
-    stats.update(tokens=len(times), median_token_ms=med * 1e3, compute_ms_per_token=compute_ms * len(t_layers),
+    stats.update(tokens=len(times), median_token_ms=med * 1e3, compute_ms_per_token=compute_ms * len(plan),
                  bytes_per_token=stats["bytes_read"] / max(1, len(times)), arena_slots=n_slots,
-                 expert_bytes=m.expert_bytes, policy=policy, prefetch_source=prefetch or "none", io_mode=io_mode)
+                 expert_bytes=m.expert_bytes, policy=policy, prefetch_source=prefetch or "none", io_mode=io_mode,
+                 wall_s=float(sum(times)), layers_per_token=len(plan), map_layers=map_layers or "none",
+                 map_experts=map_experts or "none")
     return stats
 
 

@@ -1,0 +1,302 @@
+"""synth-store (real shapes, random contents), ioreplay's explicit layer/expert maps, and
+policy sweeps on a two-worker Dask LocalCluster on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import numpy as np
+import pytest
+
+from workbench.cli import main
+from workbench.io.replay import layer_plan
+from workbench.sim.synth import synthetic_trace
+from workbench.store.manifest import ALIGN, EXPERTS, MANIFEST, Manifest
+from workbench.store.synth import resolve_shape, store_bytes, synth_store
+
+
+@pytest.fixture(scope="module")
+def tiny_store(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synth") / "store"
+    assert main(["synth-store", "--like", "tiny", "--bits", "4", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("traces")
+    synthetic_trace(d / "zipf.parquet", n_tokens=20, n_layers=3, n_experts=16, top_k=2, kind="zipf", predictors=(1, 2),
+                    expert_bytes=1 << 16)
+    synthetic_trace(d / "sticky.parquet", n_tokens=20, n_layers=3, n_experts=16, top_k=2, kind="sticky", predictors=(1,),
+                    expert_bytes=1 << 16)
+    return d / "zipf.parquet", d / "sticky.parquet"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from dask.distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0") as c:
+        yield c
+
+
+# --- synth-store -----------------------------------------------------------------------
+
+def test_synth_store_manifest_is_fully_consistent(tiny_store):
+    m = Manifest.load(tiny_store)
+    data = json.loads((tiny_store / MANIFEST).read_text())
+    raw = (tiny_store / EXPERTS).read_bytes()
+    assert len(raw) == data["experts_file_size"] == data["blob_stride"] * m.n_routed
+    assert len(m.blobs) == m.n_routed == 2 * 8 and m.top_k == 2
+    crcs = set()
+    for b in m.blobs.values():
+        assert b.offset % ALIGN == 0 and b.size == m.expert_bytes
+        assert zlib.crc32(raw[b.offset:b.offset + b.size]) == b.crc32
+        crcs.add(b.crc32)
+    assert len(crcs) == m.n_routed  # random contents, every expert different
+
+
+def test_synth_store_shapes_are_mlx_quantized_shapes(tiny_store):
+    import mlx.core as mx
+
+    m = Manifest.load(tiny_store)
+    specs = {t.name: t for t in m.tensors}
+    shape = resolve_shape("tiny")
+    for name, (out_dim, in_dim) in {"gate_proj": (shape.width, shape.hidden), "up_proj": (shape.width, shape.hidden),
+                                    "down_proj": (shape.hidden, shape.width)}.items():
+        w, scales, biases = mx.quantize(mx.zeros((out_dim, in_dim), dtype=mx.bfloat16), group_size=64, bits=4)
+        for part, a in (("weight", w), ("scales", scales), ("biases", biases)):
+            t = specs[f"{name}.{part}"]
+            assert t.shape == tuple(a.shape) and t.dtype == str(a.dtype).split(".")[-1] and t.nbytes == a.nbytes
+
+
+def test_synth_store_reads_back_through_the_engine_reader(tiny_store):
+    from workbench.store.reader import BlobReader
+
+    m = Manifest.load(tiny_store)
+    reader = BlobReader(tiny_store, m, mode="buffered", verify="always")
+    try:
+        bufs = [bytearray(t.nbytes) for t in m.tensors]
+        for b in m.blobs.values():
+            assert reader.read(b, [memoryview(x) for x in bufs]) == m.expert_bytes
+    finally:
+        reader.close()
+
+
+def test_preset_sizes_follow_the_published_configs():
+    # Qwen3-30B-A3B, 4-bit: 3 x (768 x 2048 / 2 weight bytes + 2 x 768 x 2048 / 64 x 2 scale/bias bytes)
+    assert store_bytes(resolve_shape("qwen3-30b-a3b"), 4) == (2654208, 2654208 * 48 * 128)
+    # Mixtral-8x7B, 4-bit: 3 x (14336 x 4096 / 2 + 2 x 14336 x 4096 / 64 x 2); stride rounds to 16 KiB
+    assert store_bytes(resolve_shape("mixtral-8x7b"), 4)[0] == 3 * (14336 * 4096 // 2 + 2 * 14336 * 4096 // 64 * 2)
+    assert resolve_shape("glm-4.5-air", layers=3).layers == 3 and resolve_shape("glm-4.5-air").first_moe_layer == 1
+
+
+def test_synth_store_explicit_shape_and_refusals(tmp_path, capsys):
+    out = tmp_path / "explicit"
+    assert main(["synth-store", "--layers", "3", "--experts", "4", "--hidden", "64", "--expert-width", "128",
+                 "--top-k", "2", "--bits", "8", str(out)]) == 0
+    m = Manifest.load(out)
+    assert m.moe_layers == [0, 1, 2] and m.n_experts == 4 and m.data["synthetic"]["bits"] == 8
+    capsys.readouterr()
+    assert main(["synth-store", "--like", "tiny", str(out)]) == 2  # never overwrites a store
+    assert "already holds a store" in capsys.readouterr().err
+    assert main(["synth-store", "--layers", "3", str(tmp_path / "x")]) == 2
+    assert "--expert-width" in capsys.readouterr().err
+
+
+def test_synth_store_refuses_when_the_disk_lacks_room(tmp_path, capsys):
+    out = tmp_path / "huge"
+    assert main(["synth-store", "--like", "glm-4.5-air", "--layers", "100000", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "not enough disk" in err[-1] and "GB free" in err[-1]  # the size line, then the refusal
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+# --- ioreplay maps -----------------------------------------------------------------------
+
+def test_layer_plan_modulo_and_spread():
+    assert layer_plan(range(12), [1, 2, 3, 4, 5], "modulo") == [(1, 0), (2, 1), (3, 2), (4, 3), (5, 4)]
+    assert layer_plan(range(3), range(7), "modulo") == [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1), (5, 2), (6, 0)]
+    assert layer_plan(range(3), range(6), "spread") == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)]
+    with pytest.raises(ValueError, match="--map-layers"):
+        layer_plan(range(3), range(6))
+
+
+def test_ioreplay_maps_only_when_asked(tiny_store, traces, capsys):
+    from workbench.trace.schema import read_trace
+
+    trace = traces[0]
+    capsys.readouterr()
+    assert main(["ioreplay", str(trace), str(tiny_store), "--arena", "0.5", "--json"]) == 2
+    assert "--map-layers" in capsys.readouterr().err
+    assert main(["ioreplay", str(trace), str(tiny_store), "--arena", "0.5", "--map-layers", "spread", "--json"]) == 2
+    assert "--map-experts modulo" in capsys.readouterr().err
+    assert main(["ioreplay", str(trace), str(tiny_store), "--arena", "0.5", "--map-layers", "modulo",
+                 "--map-experts", "modulo", "--compute-ms", "0", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    dec = read_trace(trace).decode()
+    sel = {(int(s), int(layer)): np.asarray(v) for s, layer, v in zip(dec.step, dec.layer, dec.selected)}
+    plan = layer_plan([0, 1, 2], [0, 1], "modulo")
+    want = sum(len(np.unique(sel[(s, tl)] % 8)) for s in sorted(dec.step.unique()) for _, tl in plan)
+    assert st["tokens"] == 20 and st["layers_per_token"] == 2 and st["map_layers"] == "modulo"
+    assert st["hits"] + st["misses"] + st["prefetch"]["useful_late"] + st["prefetch"]["useful_timely"] == want
+    assert st["bytes_read"] == st["misses"] * st["expert_bytes"]
+
+
+# --- sweeps -----------------------------------------------------------------------------
+
+def test_sweep_rows_are_the_library_results(cluster, traces, tmp_path):
+    from workbench.sim.replay import replay
+    from workbench.sim.sweep import Grid, load_sweep, sweep
+    from workbench.sim.vtime import Timing, simulate
+
+    grid = Grid(traces=list(traces), policies=["lru", "fifo"], arenas=["0.25", "0.5"], predictors=["none", "d1"],
+                gates=["none", "confidence"], timing={"bandwidth": 1e9})
+    res = sweep(grid, tmp_path / "out", scheduler=cluster.scheduler_address, progress=False)
+    assert (res.total, res.ran, res.skipped) == (2 * 2 * 2 * 3, 24, 0)  # predictor none collapses the gates
+    df = load_sweep(tmp_path / "out")
+    assert len(df) == 24 and df.cell_id.is_unique and (df.cell_s > 0).all()
+    assert {w for w in df.worker} <= set(cluster.scheduler_info["workers"])
+    row = df[(df.workload == "sticky") & (df.policy == "fifo") & (df.arena == "0.25") & (df.predictor == "d1")
+             & (df.gate == "confidence")].iloc[0]
+    s = simulate(traces[1], "fifo", 12, timing=Timing(bandwidth=1e9), predictor="d1", gate="confidence").summary
+    assert (row.slots, row.sync_misses, row.bytes_read, row.prefetch_issued) == (12, s["sync_misses"], s["bytes_read"],
+                                                                                s["prefetch"]["issued"])
+    assert row.bytes_per_token == s["bytes_read"] / s["tokens"] and row.timing_bandwidth == 1e9
+    rp = sweep(Grid(traces=[traces[0]], kind="replay", arenas=["5"]), tmp_path / "rp", scheduler=cluster.scheduler_address,
+               progress=False)
+    assert rp.ran == 1
+    assert load_sweep(tmp_path / "rp").hits.iloc[0] == replay(traces[0], "lru", 5, phase="decode").hits
+
+
+def test_sweep_resumes_and_says_how_many_it_skipped(cluster, traces, tmp_path, capsys):
+    base = ["sweep", str(traces[0]), "--policy", "lru,fifo", "--predictor", "none,oracle", "--out", str(tmp_path / "o"),
+            "--scheduler", cluster.scheduler_address]
+    assert main(base + ["--arena", "0.25"]) == 0
+    assert "4 cells run, 0 already done" in capsys.readouterr().out
+    files = sorted((tmp_path / "o").glob("cell-*.parquet"))
+    stamps = [f.stat().st_mtime_ns for f in files]
+    assert main(base + ["--arena", "0.25,10"]) == 0
+    assert "4 cells run, 4 already done and skipped, 8 in the grid" in capsys.readouterr().out
+    assert [f.stat().st_mtime_ns for f in files] == stamps  # done cells are not rewritten
+
+
+def test_sweep_worker_error_names_the_cell_and_keeps_finished_cells(cluster, traces, tmp_path, capsys):
+    from workbench.sim.sweep import load_sweep
+
+    out = tmp_path / "err"
+    args = ["sweep", str(traces[0]), str(traces[1]), "--policy", "lru,fifo", "--arena", "0.25,0.5", "--predictor", "d2",
+            "--out", str(out), "--scheduler", cluster.scheduler_address]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "workload=sticky" in err[0] and "pred_d2" in err[0] and "cell " in err[0]
+    kept = len(list(out.glob("cell-*.parquet")))
+    if kept:
+        assert set(load_sweep(out).workload) == {"zipf"}
+    assert main(["sweep", str(traces[0]), "--policy", "lru,fifo", "--arena", "0.25,0.5", "--predictor", "d2",
+                 "--out", str(out), "--scheduler", cluster.scheduler_address]) == 0
+    assert f"{4 - kept} cells run, {kept} already done" in capsys.readouterr().out
+
+
+def test_sweep_unreachable_scheduler_is_one_line(traces, tmp_path, capsys):
+    assert main(["sweep", str(traces[0]), "--out", str(tmp_path / "u"), "--scheduler", "tcp://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in err[0]
+
+
+def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
+    """The default path (a LocalCluster started by the sweep); arenas in every accepted form; ioreplay cells."""
+    from workbench.engine.arena_size import arena_slots
+    from workbench.sim.sweep import load_sweep
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"workloads:\n  hot: {traces[0]}\n  local: {traces[1]}\npolicies: [lru, slru]\n"
+                    "arenas: ['0.25', '25%', '12', 1MB]\nkind: replay\n")
+    assert main(["sweep", "--grid", str(grid), "--out", str(tmp_path / "y"), "--workers", "1"]) == 0
+    df = load_sweep(tmp_path / "y")
+    assert len(df) == 2 * 2 * 4 and set(df.workload) == {"hot", "local"}
+    for arena, slots in zip(df.arena, df.slots):
+        assert slots == arena_slots(arena, 48, 1 << 16, 2)
+    io = tmp_path / "io.yaml"
+    io.write_text(f"traces: [{traces[0]}]\nkind: ioreplay\nstore: {tiny_store}\nmap_layers: spread\nmap_experts: modulo\n"
+                  "arenas: ['0.5', '1.0']\npredictors: [none, oracle]\n")
+    assert main(["sweep", "--grid", str(io), "--out", str(tmp_path / "io"), "--compute-ms", "0", "--workers", "1"]) == 0
+    d = load_sweep(tmp_path / "io")
+    assert len(d) == 4 and (d.bytes_per_token > 0).all() and set(d.slots) == {8, 16}
+    for _, by in d.groupby("predictor"):
+        assert by[by.slots == 16].misses.iloc[0] <= by[by.slots == 8].misses.iloc[0]
+    from workbench.trace.schema import read_trace
+
+    dec = read_trace(traces[0]).decode()
+    plan = dict((t, s) for s, t in layer_plan([0, 1, 2], [0, 1], "spread"))
+    distinct = {(plan[int(layer)], int(e) % 8) for layer, sel in zip(dec.layer, dec.selected) if int(layer) in plan
+                for e in sel}
+    assert d[(d.slots == 16) & (d.predictor == "none")].misses.iloc[0] == len(distinct)  # compulsory misses only
+
+
+def test_sweep_heatmap_slices(traces, tmp_path, cluster):
+    from workbench.sim.sweep import Grid, load_sweep, sweep
+    from workbench.viz import sweep as sv
+    from workbench.viz import widgets as wb
+
+    sweep(Grid(traces=list(traces), policies=["lru", "fifo", "slru"], arenas=["0.25", "0.5"], predictors=["none", "oracle"]),
+          tmp_path / "h", scheduler=cluster.scheduler_address, progress=False)
+    df = load_sweep(tmp_path / "h")
+    one = sv.sweep_slice(df, "sync_misses", predictor="oracle", workload="zipf")
+    assert len(one) == 6 and (one.cells == 1).all()
+    both = sv.sweep_slice(df, "sync_misses", predictor="oracle")
+    assert (both.cells == 2).all()
+    lru = df[(df.predictor == "oracle") & (df.policy == "lru") & (df.arena == "0.5")].sync_misses.mean()
+    assert both[(both.policy == "lru") & (both.arena == "0.5")].value.iloc[0] == lru
+    spec = wb.chart_spec(sv.slice_heatmap(df, "bytes_per_token", predictor="none"))
+    assert wb.spec_rows(spec) == 6 and "bytes per token" in wb.chart_title(spec)
+    with pytest.raises(ValueError, match="no sweep cells"):
+        sv.sweep_slice(df, "sync_misses", predictor="d7")
+
+
+def test_sweep_bad_input_fails_before_any_work(traces, tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert main(["sweep", str(traces[0]), "--arena", "0.25,3XB", "--out", str(out)]) == 2
+    assert "cannot read arena size '3XB'" in capsys.readouterr().err and not out.exists()
+    assert main(["sweep", str(tmp_path / "missing.parquet"), "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    grid = tmp_path / "g.yaml"
+    grid.write_text("traces: [x.parquet]\npolicy: [lru]\n")
+    assert main(["sweep", "--grid", str(grid), "--out", str(out)]) == 2
+    assert "unknown keys ['policy']" in capsys.readouterr().err
+    assert main(["sweep", str(traces[0]), "--kind", "replay", "--gate", "confidence", "--out", str(out)]) == 2
+    assert "simulate cells only" in capsys.readouterr().err and not out.exists()
+
+
+@pytest.mark.parametrize("like", ["qwen3-30b-a3b", "mixtral-8x7b", "glm-4.5-air", "tiny"])
+def test_synth_config_builds_the_real_model_with_these_experts(like):
+    """The manifest's config and quantized map build the mlx-lm model (lazily) whose expert
+    tensors have exactly the store's names and shapes (dtype: see --dtype; a fresh model is float32)."""
+    from mlx.utils import tree_flatten
+
+    from workbench.model import build_model, expert_modules, top_k_of
+    from workbench.store.synth import expert_tensors, moe_layers, quantized_experts, synthetic_config
+
+    shape = resolve_shape(like, layers=2)
+    cfg = synthetic_config(shape, 4, like)
+    model = build_model(cfg, quantized_experts(shape, 4))
+    experts = expert_modules(model)
+    assert sorted(experts) == moe_layers(shape) and top_k_of(cfg) == shape.top_k
+    for layer in moe_layers(shape):
+        path, module = experts[layer]
+        assert path == f"model.layers.{layer}.{shape.expert_path}"
+        got = [(n, tuple(a.shape)) for n, a in tree_flatten(module.parameters())]
+        assert got == [(t["name"], (shape.experts, *t["shape"])) for t in expert_tensors(shape, 4)]
+    f32 = expert_tensors(shape, 4, "float32")
+    assert [str(a.dtype).split(".")[-1] for _, a in tree_flatten(experts[moe_layers(shape)[0]][1].parameters())] == \
+        [t["dtype"] for t in f32]
+
+
+def test_the_engine_refuses_a_synthetic_store_in_one_line(tiny_store, capsys):
+    capsys.readouterr()
+    assert main(["run", str(tiny_store), "--prompt-ids", "1,2", "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "resident.safetensors" in err[0]  # no resident weights: ioreplay only
