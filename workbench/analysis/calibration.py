@@ -298,3 +298,20 @@ def calibration_ci(model: ClaimModel, cands_by_prompt, **ci) -> pd.DataFrame:
     out = interval_table(per[["source", "prompt", "brier"]], ["source"], "brier", **ci)
     rest = per.groupby("source")[["base_rate", "mean_q"]].mean()
     return out.join(rest, on="source")
+
+
+def held_out_calibration(fit_traces, eval_traces, routers, phase: str | None = "decode", bins: int = 10,
+                         method: str = "binned", **ci) -> dict:
+    """Fit q on ``fit_traces`` ({prompt: trace}) and score it on ``eval_traces`` (other prompts,
+    never seen by the fit), candidates from ``with_predictions``. Returns {"model", "scores"
+    (calibration_ci), "reliability" (reliability_table by source on the pooled held-out candidates)}."""
+    overlap = set(fit_traces) & set(eval_traces)
+    if overlap:
+        raise ValueError(f"prompts {sorted(overlap)[:3]} are in both the fit and the held-out set")
+    cands = lambda trs: {p: candidate_table(with_predictions(t, routers), phase=phase) for p, t in trs.items()}
+    fit = cands(fit_traces)
+    model = fit_claim_model(pd.concat(list(fit.values()), ignore_index=True), method=method)
+    held = cands(eval_traces)
+    pooled = pd.concat(list(held.values()), ignore_index=True)
+    return {"model": model, "scores": calibration_ci(model, held, **ci),
+            "reliability": reliability_table(model, pooled, bins=bins, by_source=True)}

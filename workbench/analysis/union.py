@@ -226,7 +226,7 @@ def _solve_break_even(g: int, cost: float, tol: float = 1e-10) -> float:
     lo, hi = 0.0, 1.0
     while hi - lo > tol:
         mid = (lo + hi) / 2
-        if expected_tokens(mid, g) < cost:
+        if sum(mid**i for i in range(g)) < cost:  # E(g, mid) in plain floats (bootstrap calls this often)
             lo = mid
         else:
             hi = mid

@@ -147,3 +147,67 @@ def record_workload(prompts: list[Prompt], model=None, prompt_tokens: int = 128,
         if eng is not None:
             eng.close()
     return Workload(model, store, runs, prompt_tokens, max_tokens)
+
+
+def replay_ci(traces, policies=("lru", "slru"), arenas=(0.1, 0.176, 0.25, 0.5), phase: str | None = "decode",
+              **ci):
+    """Replay hit rate per (policy, arena) over a workload: policy, arena, hit_rate, low, high, n_prompts."""
+    import pandas as pd
+
+    from ..sim import replay
+    from .uncertainty import interval_table
+
+    rows = [dict(policy=p, arena=float(a), prompt=name, hit_rate=replay(tr, p, arena=float(a), phase=phase).to_dict()["hit_rate"])
+            for name, tr in traces.items() for p in policies for a in arenas]
+    return interval_table(pd.DataFrame(rows), ["policy", "arena"], "hit_rate", **ci)
+
+
+def analyze_workload(w: Workload, methods=tuple(METHODS), drop_rows: int = 64, cosine_layers: int = 0,
+                     strata: bool = True, strata_tokens: int | None = None, drafters: bool = True,
+                     progress: bool = False, **ci) -> dict:
+    """Every headline measurement over the workload, per method, with intervals:
+    {"methods": {method: {lookahead, gates, drop_weakest, union, mtp, replay[, acceptance]}},
+    "cosine", "cosine_layers"[, "strata", "strata_per_prompt"]}. ``cosine_layers``: only the first
+    N MoE layers (0: all); ``strata``: also the live strata runs at 17.6% residency."""
+    from ._common import load_mlx_model
+    from .cosine import cosine_ci, cosine_summary, expert_grams, experts_from_model
+    from .gates import drop_weakest_ci, gate_slots_ci, mlx_expert_outputs
+    from .lookahead import lookahead_ci, routers_from_model
+    from .union import SEED_G, mtp_ci, union_ci
+
+    model = load_mlx_model(w.model)
+    routers, outputs = routers_from_model(model), mlx_expert_outputs(model)
+    traces = w.traces()
+    out = {"methods": {}}
+    items = list(methods)
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc="analyses", unit="method")
+    for m in items:
+        ph = phase(m)
+        u = union_ci(traces, SEED_G, ph, **ci)
+        out["methods"][m] = dict(
+            lookahead=lookahead_ci(traces, routers, (1, 2, 3), phase=ph, **ci), gates=gate_slots_ci(traces, ph, **ci),
+            drop_weakest=drop_weakest_ci(traces, outputs, ph, max_rows_per_layer=drop_rows, **ci),
+            union=u, mtp=mtp_ci(u, **ci))
+    out["methods"].setdefault("decode", {})["replay"] = replay_ci(traces, **ci)
+    experts = experts_from_model(model)
+    if cosine_layers:
+        experts = {layer: experts[layer] for layer in sorted(experts)[:cosine_layers]}
+    out["cosine_layers"] = cosine_summary(expert_grams(experts))
+    out["cosine"] = cosine_ci(out["cosine_layers"], **ci)
+    if drafters:
+        from ..data import DRAFT
+        from .drafters import ModelDrafter, NGramDrafter, acceptance_ci
+
+        ds = {"ngram": NGramDrafter()}
+        if (DRAFT / "config.json").exists():
+            ds = {"draft_model": ModelDrafter(load_mlx_model(DRAFT)), **ds}
+        out["methods"]["decode"]["acceptance"] = acceptance_ci(w.sequences(), ds, **ci)
+    if strata:
+        from .live import strata_runs, strata_table
+
+        out["strata_per_prompt"] = strata_runs(w, max_tokens=strata_tokens, progress=progress)
+        out["strata"] = strata_table(out["strata_per_prompt"], **ci)
+    return out
