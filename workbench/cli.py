@@ -7,7 +7,7 @@ import importlib
 import json
 import sys
 
-SUBCOMMAND_MODULES = ("workbench.cli_policy", "workbench.cli_sim", "workbench.cli_analysis", "workbench.cli_report")
+SUBCOMMAND_MODULES = ("workbench.cli_policy", "workbench.cli_sim", "workbench.cli_analysis", "workbench.cli_report", "workbench.cli_ledger")
 
 
 def parse_ids(text: str) -> list[int]:

@@ -158,7 +158,8 @@ def verdict(claim: Claim, m: Measurement) -> str:
 def rule_text(claim: Claim) -> str:
     if claim.rule == "tolerance":
         return f"|ours - seed| <= {claim.tol:g}"
-    return "seed range meets our 95% interval" if isinstance(claim.seed, tuple) else "seed inside our 95% interval"
+    ranged = isinstance(claim.seed, tuple) and claim.seed[0] != claim.seed[1]
+    return "seed range meets our 95% interval" if ranged else "seed inside our 95% interval"
 
 
 def build_ledger(measured: Mapping[str, object] | None = None, model: str = "") -> pd.DataFrame:
@@ -297,3 +298,17 @@ def ledger_extras(workload, budget_share: float = 0.25, self_draft: bool = True,
         m = f"decode, arena {budget_share:.0%}, g=4, {draft_tokens} tokens"
         out.update({"selfdraft.acceptance": iv(acc, m), "selfdraft.speed": iv(speed, m + ", median step times")})
     return out
+
+
+def workload_ledger(workload, live: bool = True, cosine_layers: int = 0, strata_tokens: int | None = None,
+                    readpath_repeats: int = 5, self_draft: bool = True, progress: bool = False, **ci):
+    """(ledger, tables): every analysis over ``workload`` (``analyze_workload``), the extras
+    (bounds, read path, and with ``live`` the engine's strata runs and self-draft), then the
+    ledger by rule."""
+    from .workload import analyze_workload
+
+    tables = analyze_workload(workload, cosine_layers=cosine_layers, strata=live, strata_tokens=strata_tokens,
+                              progress=progress, **ci)
+    extra = ledger_extras(workload, self_draft=live and self_draft, readpath_repeats=readpath_repeats)
+    tables["extras"] = extra
+    return build_ledger(workload_measurements(tables, extra), model=str(workload.model)), tables
