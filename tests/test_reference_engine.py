@@ -62,4 +62,4 @@ def test_ledger_extras_measure_bounds_readpath_and_self_draft(prompt_ids, tmp_pa
     assert all(np.isfinite(v) and v >= 0 for v in extra.values())
     assert 0 <= extra["bounds.lru"] <= 1 and 0 <= extra["selfdraft.acceptance"] <= 1
     ledger = build_ledger(extra)
-    assert ledger.set_index("id").loc["bounds.lru", "measured"] == pytest.approx(extra["bounds.lru"])
+    assert ledger.set_index("id").loc["bounds.lru", "ours"] == pytest.approx(extra["bounds.lru"])

@@ -56,8 +56,9 @@ def bootstrap_ci(values_by_prompt, stat: Callable = np.mean, n_boot: int = N_BOO
         raise ValueError(f"level must be in (0, 1), got {level}")
     if n_boot < 1:
         raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    keep = ~np.isnan(x.reshape(len(x), -1)).any(axis=1)
-    x = x[keep]
+    if len(x) == 0:
+        return Interval(np.nan, np.nan, np.nan, 0, level)
+    x = x[~np.isnan(x.reshape(len(x), -1)).any(axis=1)]
     n = len(x)
     if n == 0:
         return Interval(np.nan, np.nan, np.nan, 0, level)
