@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.analysis.uncertainty import bootstrap_ci, interval_table, over_prompts
+from workbench.analysis.uncertainty import bootstrap_ci, interval_table, over_prompts, per_prompt
 
 
 def test_interval_brackets_the_mean_and_is_seeded():
@@ -51,4 +51,6 @@ def test_interval_table_and_over_prompts():
         interval_table(pd.concat([per, per]), ["src"], "v")
     out = over_prompts({"p1": 1.0, "p2": 3.0}, lambda x: pd.DataFrame({"g": [1], "u": [x]}), ["g"], "u")
     assert out["u"].iloc[0] == 2.0 and out["n_prompts"].iloc[0] == 2
-    assert set(out.attrs["per_prompt"]["prompt"]) == {"p1", "p2"}
+    assert set(per_prompt(out)["prompt"]) == {"p1", "p2"}
+    both = pd.concat([out.assign(m="a"), out.assign(m="b")])  # tables with per-prompt rows concatenate
+    assert len(both) == 2

@@ -117,6 +117,19 @@ COLUMNS = ["id", "area", "claim", "seed", "seed_low", "seed_high", "ours", "low"
            "verdict", "unit", "context", "note"]
 
 
+def seed_of(claim_id: str) -> float:
+    """The seed's value of a claim (the middle of a reported range)."""
+    if claim_id not in _BY_ID:
+        raise ValueError(f"unknown claim id {claim_id!r}; known ids: {CLAIM_IDS}")
+    s = _BY_ID[claim_id].seed
+    return (s[0] + s[1]) / 2 if isinstance(s, tuple) else float(s)
+
+
+LOOKAHEAD_IDS = {"d=1": "lookahead.d1", "d=2": "lookahead.d2", "d=3": "lookahead.d3", "prev_token": "lookahead.prev_token"}
+GATE_SLOT_IDS = {1: "gates.slot1", 8: "gates.slot8"}
+UNION_IDS = {g: f"union.g{g}" for g in (1, 2, 3, 8)}
+
+
 def _seed_arithmetic() -> dict[str, tuple[Measurement, str]]:
     """The ``@seed`` rows: {id: (our arithmetic on the seed's numbers, computed note)}."""
     from .cosine import cosine_for_norm_share, residual_share_from_cosine
@@ -206,8 +219,7 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
         if "lookahead" in t:
             la = t["lookahead"]
             la = la[la["k_pred"] == la["k"]].set_index("source")
-            for src, cid in (("d=1", "lookahead.d1"), ("d=2", "lookahead.d2"), ("d=3", "lookahead.d3"),
-                             ("prev_token", "lookahead.prev_token")):
+            for src, cid in LOOKAHEAD_IDS.items():
                 if src in la.index:
                     add(cid, _m(la.loc[src], f"{method}, mean over layers, k'=k", value="recovery"))
         if "gates" in t:
@@ -224,9 +236,9 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
                                                       f"{method}, kept weights {name}, mean over layers"))
         if "union" in t:
             u = t["union"].set_index("g")
-            for g in (1, 2, 3, 8):
+            for g, cid in UNION_IDS.items():
                 if g in u.index:
-                    add(f"union.g{g}", _m(u.loc[g], f"{method}, mean over layers", value="union"))
+                    add(cid, _m(u.loc[g], f"{method}, mean over layers", value="union"))
         if "mtp" in t:
             mt = t["mtp"].set_index("quantity")
             gsel = mt["g_values"].iloc[0]

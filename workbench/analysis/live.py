@@ -39,6 +39,8 @@ for _q, _name in (("arena hits", "arena hit share"), ("prefetch hits", "prefetch
     SEED_STRATA[_name] = tuple(v / SEED_STRATA["lookups"][0] for v in SEED_STRATA[_q])
 STRATA = tuple(SEED_STRATA)
 # configure() arguments of each configuration (read-ahead: router of L on the input of L-1)
+# The second seed's SLRU-cold table: {arena GB of its model: (LRU GB read, SLRU-cold GB read)}
+SEED_SLRU = {8: (48.56, 47.84), 10: (40.53, 39.58)}
 CONFIGS = {"UNPERT=1": dict(unpert=1), "UNPERT=0": dict(unpert=0), "route": dict(route=True)}
 
 
@@ -134,14 +136,39 @@ def policy_runs(workload, policies=("lru", "slru"), arenas=(0.1, 0.25, 0.5), max
 
 def policy_table(per_prompt: pd.DataFrame, base: str = "lru", **ci) -> pd.DataFrame:
     """Intervals of MB read and tokens/s per (policy, arena), plus each policy's paired per-prompt
-    difference from ``base`` (policy "<p> - <base>"): metric, policy, arena, value, low, high, n_prompts."""
+    difference from ``base`` (policy "<p> - <base>", and relative "<p> / <base> - 1"):
+    metric, policy, arena, value, low, high, n_prompts."""
     from .uncertainty import interval_table
 
     metrics = ["mb_read", "tokens_per_s", "hit_rate"]
     long = per_prompt.melt(id_vars=["policy", "arena", "prompt"], value_vars=metrics, var_name="metric",
                            value_name="value")
     wide = long.pivot_table(index=["metric", "arena", "prompt"], columns="policy", values="value").reset_index()
+    others = [p for p in per_prompt["policy"].unique() if p != base and base in wide]
     diffs = [wide[["metric", "arena", "prompt"]].assign(policy=f"{p} - {base}", value=wide[p] - wide[base])
-             for p in per_prompt["policy"].unique() if p != base and base in wide]
+             for p in others]
+    diffs += [wide[["metric", "arena", "prompt"]].assign(policy=f"{p} / {base} - 1", value=wide[p] / wide[base] - 1)
+              for p in others]
     both = pd.concat([long] + diffs, ignore_index=True)
     return interval_table(both, ["metric", "policy", "arena"], "value", **ci)
+
+
+def seed_slru_saving() -> dict:
+    """The second seed's relative saving of SLRU-cold over LRU in bytes read, per arena GB."""
+    return {gb: slru / lru - 1 for gb, (lru, slru) in SEED_SLRU.items()}
+
+
+def with_interval_text(table: pd.DataFrame, value: str = "value", digits: int = 3) -> pd.Series:
+    """"value [low, high]" strings of an interval table, for side-by-side display."""
+    f = f"{{:.{digits}g}}"
+    return table.apply(lambda r: f"{f.format(r[value])} [{f.format(r['low'])}, {f.format(r['high'])}]", axis=1)
+
+
+def strata_display(table: pd.DataFrame) -> pd.DataFrame:
+    """The strata table wide: quantity, the seed's figure, then one "value [low, high]" column per configuration."""
+    t = table.assign(cell=with_interval_text(table))
+    wide = t.pivot(index="quantity", columns="configuration", values="cell")
+    wide = wide.reindex([q for q in STRATA if q in wide.index])[[c for c in CONFIGS if c in wide.columns]]
+    seed = {q: (f"{lo:.4g}" if lo == hi else f"{lo:.4g}-{hi:.4g}") for q, (lo, hi) in SEED_STRATA.items()}
+    wide.insert(0, "seed", [seed[q] for q in wide.index])
+    return wide.reset_index()

@@ -89,15 +89,22 @@ def interval_table(per_prompt: pd.DataFrame, by: Sequence[str], value: str, prom
         ci = bootstrap_ci(grp[value].to_numpy(), stat=stat, **kw)
         rows.append({**dict(zip(by, key)), value: ci.estimate, "low": ci.low, "high": ci.high, f"n_{unit}s": ci.n})
     out = pd.DataFrame(rows, columns=by + [value, "low", "high", f"n_{unit}s"])
-    out.attrs["per_prompt"] = per_prompt
+    out.attrs["per_prompt"] = per_prompt.to_dict("list")  # plain lists: pd.concat compares attrs
     return out
+
+
+def per_prompt(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-prompt rows an interval table was computed from."""
+    if "per_prompt" not in table.attrs:
+        raise ValueError("this table carries no per-prompt rows (build it with interval_table / over_prompts)")
+    return pd.DataFrame(table.attrs["per_prompt"])
 
 
 def over_prompts(traces: Mapping[str, object], analysis: Callable[[object], pd.DataFrame], by: Sequence[str],
                  value: str, progress: bool = False, **kw) -> pd.DataFrame:
     """Run ``analysis(trace) -> table`` on each prompt's trace ({prompt: trace}) and return
-    ``interval_table`` of column ``value`` grouped by ``by``; the per-prompt rows are kept in
-    ``.attrs["per_prompt"]``."""
+    ``interval_table`` of column ``value`` grouped by ``by``; ``per_prompt(table)`` gives back
+    the per-prompt rows."""
     if not traces:
         raise ValueError("no prompts given; record a workload first (workbench.analysis.workload.record_workload)")
     items = list(traces.items())

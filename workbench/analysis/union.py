@@ -325,9 +325,9 @@ def mtp_ci(union: pd.DataFrame, quantities: Iterable[str] = MTP_QUANTITIES, **ci
     """The MTP bound quantities from a ``union_ci`` table, bootstrapped over prompts (each resample
     averages the prompts' union tables, then computes the bound over the measured g only):
     quantity, value, low, high, n_prompts, g_values."""
-    from .uncertainty import bootstrap_ci
+    from .uncertainty import bootstrap_ci, per_prompt
 
-    per = union.attrs["per_prompt"].pivot(index="prompt", columns="g", values="union").dropna()
+    per = per_prompt(union).pivot(index="prompt", columns="g", values="union").dropna()
     gs, k = [int(g) for g in per.columns], int(union.attrs["k"])
     m = per.to_numpy()
     rows = []

@@ -25,6 +25,8 @@ from ..data import workload as load_workload
 DOMAINS = {"in-domain": "code_in_domain", "held-out": "code_heldout", "shifted": "prose_shifted"}
 METHODS = {"teacher-forced": "prefill", "decode": "decode"}  # method name -> trace phase
 CACHE_VERSION = "1"
+FULL = dict(per_domain=4, prompt_tokens=128, max_tokens=32)  # the notebooks' and `workbench ledger`'s default
+SMALL = dict(per_domain=1, prompt_tokens=32, max_tokens=8)  # the CI preset
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,13 @@ def record_workload(prompts: list[Prompt], model=None, prompt_tokens: int = 128,
         if eng is not None:
             eng.close()
     return Workload(model, store, runs, prompt_tokens, max_tokens)
+
+
+def notebook_workload(model=None, per_domain: int = FULL["per_domain"], prompt_tokens: int = FULL["prompt_tokens"],
+                      max_tokens: int = FULL["max_tokens"], small: bool = False, progress: bool = False) -> Workload:
+    """The workload a notebook measures over; ``small`` (the CI preset) takes ``SMALL`` instead."""
+    kw = dict(SMALL) if small else dict(per_domain=per_domain, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+    return record_workload(workload_set(kw.pop("per_domain")), model, progress=progress, **kw)
 
 
 def replay_ci(traces, policies=("lru", "slru"), arenas=(0.1, 0.176, 0.25, 0.5), phase: str | None = "decode",

@@ -268,10 +268,10 @@ def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
 
 # --------------------------------------------------------------------------- intervals over a workload
 def interval_chart(table: pd.DataFrame, x: str, y: str, color: str | None = None, title: str = "",
-                   subtitle: str | None = None, y_title: str | None = None, seed: str | None = None,
+                   subtitle: str | None = None, y_title: str | None = None, seed=None,
                    y_format: str | None = None) -> alt.Chart:
     """Estimate ``y`` with its 95% interval (columns low, high) per ``x`` (ordinal), one colour per
-    ``color``, side by side; ``seed`` (a column) is drawn as a black tick."""
+    ``color``, side by side; ``seed`` (a column, or a list: a range's ends) is drawn as black ticks."""
     t = table.copy()
     t[x] = t[x].astype(str)
     enc_x = alt.X(f"{x}:N", title=x.replace("_", " "), sort=list(dict.fromkeys(t[x])), axis=alt.Axis(labelAngle=0))
@@ -288,9 +288,9 @@ def interval_chart(table: pd.DataFrame, x: str, y: str, color: str | None = None
     err = alt.Chart(t).mark_errorbar(ticks=True).encode(y=alt.Y("low:Q", title=y_title or y), y2="high:Q", **enc)
     pts = alt.Chart(t).mark_point(filled=True, size=50).encode(y=alt.Y(f"{y}:Q", axis=axis), tooltip=tip, **enc)
     parts = [err, pts]
-    if seed:
-        parts.append(alt.Chart(t.dropna(subset=[seed])).mark_tick(color="black", thickness=2, size=18).encode(
-            x=enc_x, y=f"{seed}:Q", tooltip=[x, alt.Tooltip(f"{seed}:Q", title="seed")]))
+    for col in ([seed] if isinstance(seed, str) else list(seed or [])):
+        parts.append(alt.Chart(t.dropna(subset=[col])).mark_tick(color="black", thickness=2, size=18).encode(
+            x=enc_x, y=f"{col}:Q", tooltip=[x, alt.Tooltip(f"{col}:Q", title="seed")]))
     sub = subtitle or ("points: estimate; bars: 95% bootstrap interval over prompts"
                        + ("; black: the seed" if seed else ""))
     return alt.layer(*parts).properties(width=max(240, 60 * t[x].nunique()), height=240, title=_title(title, sub))
