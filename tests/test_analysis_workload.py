@@ -116,3 +116,18 @@ def test_cli_ledger_json(wl, capsys):
     assert d1["verdict"] == ("reproduced" if d1["low"] <= 0.785 <= d1["high"] else "differs")
     assert rows[("mtp.ceiling@seed", "best g in {1,2,3,8}, table only")]["verdict"] == "reproduced"
     assert any(cid == "gates.drop_weakest" and "not renormalised" in m for cid, m in rows)
+
+
+def test_policy_table_pairs_prompts():
+    import pandas as pd
+
+    from workbench.analysis.live import policy_table, seed_slru_saving
+
+    per = pd.DataFrame([dict(policy=p, arena=a, prompt=f"p{i}", mb_read=10.0 * (i + 1) * (0.9 if p == "slru" else 1),
+                             tokens_per_s=5.0, hit_rate=0.0) for p in ("lru", "slru") for a in (0.1, 0.5) for i in range(6)])
+    t = policy_table(per).set_index(["metric", "policy", "arena"])
+    rel = t.loc[("mb_read", "slru / lru - 1", 0.1)]
+    assert rel["value"] == pytest.approx(-0.1) and rel["low"] == pytest.approx(-0.1)  # paired: no prompt spread
+    assert t.loc[("mb_read", "lru", 0.1), "low"] < t.loc[("mb_read", "lru", 0.1), "high"]  # unpaired: spread
+    assert ("hit_rate", "slru / lru - 1", 0.1) not in t.index  # no ratio of a zero hit rate
+    assert seed_slru_saving()[8] == pytest.approx(47.84 / 48.56 - 1)

@@ -136,7 +136,7 @@ def policy_runs(workload, policies=("lru", "slru"), arenas=(0.1, 0.25, 0.5), max
 
 def policy_table(per_prompt: pd.DataFrame, base: str = "lru", **ci) -> pd.DataFrame:
     """Intervals of MB read and tokens/s per (policy, arena), plus each policy's paired per-prompt
-    difference from ``base`` (policy "<p> - <base>", and relative "<p> / <base> - 1"):
+    difference from ``base`` (policy "<p> - <base>", and for bytes and speed "<p> / <base> - 1"):
     metric, policy, arena, value, low, high, n_prompts."""
     from .uncertainty import interval_table
 
@@ -147,8 +147,9 @@ def policy_table(per_prompt: pd.DataFrame, base: str = "lru", **ci) -> pd.DataFr
     others = [p for p in per_prompt["policy"].unique() if p != base and base in wide]
     diffs = [wide[["metric", "arena", "prompt"]].assign(policy=f"{p} - {base}", value=wide[p] - wide[base])
              for p in others]
-    diffs += [wide[["metric", "arena", "prompt"]].assign(policy=f"{p} / {base} - 1", value=wide[p] / wide[base] - 1)
-              for p in others]
+    counts = wide[wide["metric"] != "hit_rate"]  # relative differences of bytes and speed only
+    diffs += [counts[["metric", "arena", "prompt"]].assign(
+        policy=f"{p} / {base} - 1", value=(counts[p] / counts[base].where(counts[base] > 0)) - 1) for p in others]
     both = pd.concat([long] + diffs, ignore_index=True)
     return interval_table(both, ["metric", "policy", "arena"], "value", **ci)
 
