@@ -114,7 +114,7 @@ CLAIMS: list[Claim] = [
 CLAIM_IDS = [c.id for c in CLAIMS]
 _BY_ID = {c.id: c for c in CLAIMS}
 COLUMNS = ["id", "area", "claim", "seed", "seed_low", "seed_high", "ours", "low", "high", "n", "method", "rule",
-           "verdict", "unit", "context", "note"]
+           "verdict", "unit", "context", "measured_on", "note"]
 
 
 def seed_of(claim_id: str) -> float:
@@ -197,7 +197,7 @@ def build_ledger(measured: Mapping[str, object] | None = None, model: str = "") 
             rows.append(dict(id=c.id, area=c.area, claim=c.what, seed=(seed_lo + seed_hi) / 2, seed_low=seed_lo,
                              seed_high=seed_hi, ours=m.value, low=m.low, high=m.high, n=m.n, method=m.method,
                              rule=rule_text(c), verdict=verdict(c, m), unit=c.unit, context=c.context,
-                             note=note if c.id in seed_rows else model))
+                             measured_on="the seed's numbers" if c.id in seed_rows else model, note=note))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
