@@ -55,6 +55,17 @@ wb.table(summary[["layer", "n_experts", "mean_cosine", "min_cosine", "max_cosine
 wb.show(charts.cosine_chart(cosine_pairs(grams), summary), "cosine_histogram")
 
 # %% [markdown]
+# ## Mean over layers with a 95% interval
+#
+# The weights do not depend on a prompt, so the resampled unit is the layer: how much the
+# layer average would move with other layers of the same kind.
+
+# %%
+from workbench.analysis.cosine import cosine_ci
+
+wb.table(cosine_ci(summary), "Mean over layers, 95% bootstrap interval over layers")
+
+# %% [markdown]
 # ## Energy vs rank (live)
 #
 # *centered* subtracts the layer's mean expert first: what is left is what makes experts

@@ -31,7 +31,10 @@ model = None          # mlx-lm model dir; None: the shipped reference model
 prompt = None         # text or token ids; None: the first held-out workload prompt
 max_tokens = 48       # decoded tokens in the recorded trace
 max_rows = 256        # recorded MoE inputs per layer re-run for the drop-weakest error
-small = False         # CI preset (fewer tokens)
+per_domain = 4      # workload: prompts from each of in-domain, held-out and shifted-domain text
+workload_prompt_tokens = 128  # workload: teacher-forced tokens of each prompt's text
+workload_max_tokens = 32      # workload: greedy tokens decoded after them
+small = False         # CI preset (fewer tokens, one prompt per domain)
 
 # %%
 from workbench.analysis._common import load_mlx_model
@@ -47,6 +50,39 @@ print(f"model: {run.model}; top-{run.trace.top_k}; {len(run.trace.decode())} dec
 # %%
 slots = gate_by_slot(run.trace)
 wb.table(gate_slot_mean(slots), "Mean normalized gate weight by slot (mean over layers)")
+
+# %% [markdown]
+# ## Over the workload, teacher-forced and greedy, with 95% intervals
+#
+# The same two measures on every workload prompt, teacher-forced on its text and from greedy
+# decode; bars are 95% bootstrap intervals over prompts, black ticks the seed. The drop-weakest
+# error is given both ways: kept weights **not renormalised** (the dropped expert just
+# vanishes) and **renormalised** (the kept weights rescaled to the full sum).
+
+# %%
+import pandas as pd
+
+from workbench.analysis.gates import drop_weakest_ci, gate_slots_ci
+from workbench.analysis.ledger import GATE_SLOT_IDS, seed_of
+from workbench.analysis.workload import METHODS, notebook_workload, phase
+
+w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
+gs = pd.concat([gate_slots_ci(w.traces(), phase(m)).assign(method=m) for m in METHODS], ignore_index=True)
+gs["seed"] = gs["slot"].map(GATE_SLOT_IDS).map(lambda c: seed_of(c) if isinstance(c, str) else float("nan"))
+wb.show(charts.interval_chart(gs, "slot", "mean_weight", color="method", seed="seed",
+                              title="Gate weight by slot over the workload"), "gate_slots_workload")
+
+# %%
+dw = pd.concat([drop_weakest_ci(w.traces(), expert_outputs, phase(m), max_rows_per_layer=min(max_rows, 64)).assign(method=m)
+                for m in METHODS], ignore_index=True)
+dw["kept weights"] = dw["renorm"].map({True: "renormalised", False: "not renormalised"})
+dw["seed"] = seed_of("gates.drop_weakest")
+wb.show(charts.interval_chart(dw, "kept weights", "rel_error", color="method", seed="seed", y_format="%",
+                              title="Drop-weakest block error over the workload"), "drop_weakest_workload")
+
+# %%
+wb.table(dw[["method", "kept weights", "rel_error", "low", "high", "n_prompts", "seed"]],
+         "Relative L2 error with the weakest expert dropped (mean over layers), 95% interval over prompts")
 
 # %% [markdown]
 # ## Gate weight by slot and drop-weakest error (live)

@@ -44,22 +44,16 @@ def test_trained_router_has_structure(prompt_ids, tmp_path):
     assert d1 > 0.3, summary
 
 
-def test_ledger_extras_measure_bounds_readpath_and_self_draft(prompt_ids, tmp_path):
+def test_ledger_extras_measure_bounds_readpath_and_self_draft():
     from workbench.analysis.ledger import build_ledger, ledger_extras
-    from workbench.trace.recorder import TraceRecorder
+    from workbench.analysis.workload import record_workload, workload_set
 
-    class Run:  # what notebooks get from workbench.viz.widgets.record
-        pass
-
-    run = Run()
-    path = tmp_path / "r.parquet"
-    with Engine.open(REFERENCE, arena="1.0", progress=False) as eng:
-        run.result = eng.generate(prompt_ids, max_tokens=12, trace=TraceRecorder(path))
-    run.trace = read_trace(path)
-    extra = ledger_extras(run, self_draft=True)
+    w = record_workload(workload_set(1), prompt_tokens=32, max_tokens=8)
+    extra = ledger_extras(w, self_draft=True, readpath_repeats=2, draft_tokens=8)
     assert set(extra) == {"bounds.static_knapsack", "bounds.lru", "readpath.pread_heap", "readpath.pread_fresh",
                           "readpath.preadv_slot", "selfdraft.acceptance", "selfdraft.speed"}
-    assert all(np.isfinite(v) and v >= 0 for v in extra.values())
-    assert 0 <= extra["bounds.lru"] <= 1 and 0 <= extra["selfdraft.acceptance"] <= 1
+    assert all(np.isfinite(m.value) and m.low <= m.value <= m.high for m in extra.values())
+    assert extra["bounds.lru"].n == 3 and extra["readpath.preadv_slot"].n == 2
+    assert 0 <= extra["bounds.lru"].value <= 1 and 0 <= extra["selfdraft.acceptance"].value <= 1
     ledger = build_ledger(extra)
-    assert ledger.set_index("id").loc["bounds.lru", "measured"] == pytest.approx(extra["bounds.lru"])
+    assert ledger.set_index("id").loc["bounds.lru", "ours"] == pytest.approx(extra["bounds.lru"].value)

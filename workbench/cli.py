@@ -8,7 +8,7 @@ import json
 import sys
 
 SUBCOMMAND_MODULES = ("workbench.cli_policy", "workbench.cli_sim", "workbench.cli_analysis", "workbench.cli_report",
-                      "workbench.cli_scale")
+                      "workbench.cli_scale", "workbench.cli_ledger")
 
 
 def parse_ids(text: str) -> list[int]:

@@ -62,7 +62,7 @@ PRESETS: dict[str, dict] = {
         "05_mtp_union": {"max_tokens": 16, "g_max": 6},
         "06_policies": {"max_tokens": 24, "policies": "lru,twohit,s3fifo"},
         "07_read_path": {"threads": "1,2", "modes": "buffered"},
-        "08_ledger": {"max_tokens": 12, "max_layers": 2},
+        "08_ledger": {"max_layers": 2},
         "09_sweep": {"max_tokens": 16, "policies": "lru,fifo", "arenas": "0.25,0.5", "workers": 1},
     },
 }

@@ -245,3 +245,73 @@ def calibration_scores(model: ClaimModel, cands: pd.DataFrame, bins: int = 10) -
                          brier=float(((qq - yy) ** 2).mean()),
                          log_loss=float(-(yy * np.log(qq) + (1 - yy) * np.log(1 - qq)).mean()), ece=float(ece)))
     return pd.DataFrame(rows)
+
+
+def with_predictions(trace, routers, distances: Iterable[int] = (1, 2, 3), prev_token: bool = True,
+                     width: int | None = None):
+    """A copy of ``trace`` (with ``moe_input``) carrying ``pred_d<d>`` and ``pred_prev`` candidate
+    columns computed offline: layer L's router applied to the MoE input of layer L-d (same token)
+    or of layer L at the previous token, top ``width`` (default top-k) experts, best first."""
+    from ._common import list_column, top_ids
+    from .lookahead import as_router
+    from ..trace.schema import Trace
+
+    tr = as_trace(trace)
+    df = tr.routes.reset_index(drop=True)
+    require_columns(df, ["selected", "moe_input"], "offline predictor candidates")
+    routers = {int(l): as_router(r) for l, r in routers.items()}
+    width = int(width or tr.meta.get("top_k") or len(df["selected"].iloc[0]))
+    layers = sorted(int(x) for x in df["layer"].unique())
+    pos = {l: i for i, l in enumerate(layers)}
+    row_of = {(int(t), int(l)): i for i, (t, l) in enumerate(zip(df["token"], df["layer"]))}
+    moe = df["moe_input"].to_numpy()
+    sources = [(f"d{d}", lambda t, L, d=d: (t, layers[pos[L] - d]) if pos[L] - d >= 0 else None) for d in distances]
+    if prev_token:
+        sources.append(("prev", lambda t, L: (t - 1, L)))
+    cols = {}
+    for name, src in sources:
+        out = [None] * len(df)
+        for L in layers:
+            if L not in routers:
+                raise ValueError(f"no router for layer {L}; pass routers_from_model(model)")
+            rows = np.nonzero(df["layer"].to_numpy() == L)[0]
+            pairs = [(i, row_of.get(src(int(df.at[i, "token"]), L) or (-1, -1))) for i in rows]
+            pairs = [(i, j) for i, j in pairs if j is not None]
+            if not pairs:
+                continue
+            x = list_column(pd.Series([moe[j] for _, j in pairs]), np.float32, name="moe_input")
+            ids = top_ids(routers[L].scores(x), width)
+            for (i, _), p in zip(pairs, ids):
+                out[i] = p.astype(np.int16).tolist()
+        cols[f"pred_{name}"] = out
+    return Trace(routes=df.assign(**cols), meta=dict(tr.meta))
+
+
+def calibration_ci(model: ClaimModel, cands_by_prompt, **ci) -> pd.DataFrame:
+    """Brier score per source (and "all") on held-out candidates ({prompt: candidate_table}),
+    with a bootstrap interval over the held-out prompts: source, brier, low, high, n_prompts,
+    base_rate, mean_q."""
+    from .uncertainty import interval_table
+
+    per = pd.concat([calibration_scores(model, c).assign(prompt=p) for p, c in cands_by_prompt.items()],
+                    ignore_index=True)
+    out = interval_table(per[["source", "prompt", "brier"]], ["source"], "brier", **ci)
+    rest = per.groupby("source")[["base_rate", "mean_q"]].mean()
+    return out.join(rest, on="source")
+
+
+def held_out_calibration(fit_traces, eval_traces, routers, phase: str | None = "decode", bins: int = 10,
+                         method: str = "binned", **ci) -> dict:
+    """Fit q on ``fit_traces`` ({prompt: trace}) and score it on ``eval_traces`` (other prompts,
+    never seen by the fit), candidates from ``with_predictions``. Returns {"model", "scores"
+    (calibration_ci), "reliability" (reliability_table by source on the pooled held-out candidates)}."""
+    overlap = set(fit_traces) & set(eval_traces)
+    if overlap:
+        raise ValueError(f"prompts {sorted(overlap)[:3]} are in both the fit and the held-out set")
+    cands = lambda trs: {p: candidate_table(with_predictions(t, routers), phase=phase) for p, t in trs.items()}
+    fit = cands(fit_traces)
+    model = fit_claim_model(pd.concat(list(fit.values()), ignore_index=True), method=method)
+    held = cands(eval_traces)
+    pooled = pd.concat(list(held.values()), ignore_index=True)
+    return {"model": model, "scores": calibration_ci(model, held, **ci),
+            "reliability": reliability_table(model, pooled, bins=bins, by_source=True)}

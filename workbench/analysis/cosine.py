@@ -230,3 +230,23 @@ def cosine_histogram(pairs: pd.DataFrame, bins: int | Iterable[float] = 40) -> p
         frames.append(pd.DataFrame({"layer": l, "bin_lo": edges[:-1], "bin_hi": edges[1:], "count": cnt,
                                     "share": cnt / max(1, cnt.sum())}))
     return pd.concat(frames, ignore_index=True)
+
+
+COSINE_QUANTITIES = ("mean_cosine", "resid_norm_share", "energy_at_rank")
+
+
+def cosine_ci(summary: pd.DataFrame, quantities: Iterable[str] = COSINE_QUANTITIES, **ci) -> pd.DataFrame:
+    """Mean over layers of each ``cosine_summary`` quantity with a bootstrap interval over layers
+    (weights do not vary by prompt; the layer is the resampled unit): quantity, value, low, high, n_layers."""
+    from .uncertainty import interval_table
+
+    long = summary.melt(id_vars=["layer"], value_vars=list(quantities), var_name="quantity", value_name="value")
+    return interval_table(long.rename(columns={"layer": "prompt"}), ["quantity"], "value", unit="layer", **ci)
+
+
+def cosine_for_norm_share(norm_share: float, n_experts: int, energy: bool = False) -> float:
+    """Mean pairwise cosine that leaves ``norm_share`` of the norm (or of the energy, ``energy=True``)
+    after subtracting the mean of ``n_experts`` equal-norm experts: c = 1 - r^2 E / (E - 1)."""
+    e = n_experts
+    r2 = norm_share if energy else norm_share ** 2
+    return 1 - r2 * e / (e - 1)

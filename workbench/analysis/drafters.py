@@ -236,3 +236,14 @@ def verify_union_cost(engine, prompt_ids: Sequence[int], drafts: Sequence[int], 
             "the verify-pass cost needs the streaming engine's verify(prompt_ids, drafts) (workbench.engine, "
             "written by the lead); the trace-based union(g) estimate is workbench.analysis.union.union_by_window")
     return dict(fn(list(prompt_ids), list(drafts), **options))
+
+
+def acceptance_ci(sequences: Mapping[str, tuple], drafters: Mapping[str, Callable],
+                  g_values: Iterable[int] = (2, 3, 4, 8), **ci) -> pd.DataFrame:
+    """Drafter acceptance over a workload: ``sequences`` is {prompt: (prompt_ids, target greedy
+    tokens)}; returns drafter, g, acceptance, low, high, n_prompts (tokens_per_pass in attrs)."""
+    from .uncertainty import interval_table
+
+    per = [acceptance_table(p, t, drafters, g_values).assign(prompt=name) for name, (p, t) in sequences.items()]
+    per = pd.concat(per, ignore_index=True)
+    return interval_table(per[["drafter", "g", "prompt", "acceptance"]], ["drafter", "g"], "acceptance", **ci)

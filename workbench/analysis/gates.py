@@ -149,3 +149,25 @@ def drop_weakest_error(
     if not out:
         raise ValueError(f"none of layers {want[:8]} is in the trace")
     return pd.DataFrame(out)
+
+
+def gate_slots_ci(traces, phase: str | None = "decode", **ci) -> pd.DataFrame:
+    """Mean normalized gate weight by slot (mean over layers) over a workload ({prompt: trace}):
+    slot, mean_weight, low, high, n_prompts."""
+    from .uncertainty import over_prompts
+
+    return over_prompts(traces, lambda tr: gate_slot_mean(gate_by_slot(tr, phase))[["slot", "mean_weight"]],
+                        ["slot"], "mean_weight", **ci)
+
+
+def drop_weakest_ci(traces, expert_outputs: ExpertOutputs, phase: str | None = "decode", drop: Iterable[int] = (1,),
+                    max_rows_per_layer: int | None = 64, **ci) -> pd.DataFrame:
+    """Drop-weakest error (mean over layers), renormalised and not, over a workload:
+    dropped, renorm, rel_error, low, high, n_prompts."""
+    from .uncertainty import over_prompts
+
+    def one(tr):
+        t = drop_weakest_error(tr, expert_outputs, drop=drop, phase=phase, max_rows_per_layer=max_rows_per_layer)
+        return t.groupby(["dropped", "renorm"], as_index=False)["rel_error"].mean()
+
+    return over_prompts(traces, one, ["dropped", "renorm"], "rel_error", **ci)

@@ -212,3 +212,18 @@ def lookahead_summary(table: pd.DataFrame) -> pd.DataFrame:
     out = out.reset_index()
     order = out["distance"].fillna(np.inf)
     return out.assign(_o=order).sort_values(["_o", "k_pred"], kind="stable").drop(columns="_o").reset_index(drop=True)
+
+
+def lookahead_ci(traces, routers: Mapping[int, object], distances: Iterable[int] = (1, 2, 3),
+                 k_extra: Iterable[int] = (), phase: str | None = "decode", **ci) -> pd.DataFrame:
+    """Mean-over-layers recovery per source and k_pred over a workload ({prompt: trace}), with a
+    95% bootstrap interval over prompts: source, distance, k, k_pred, recovery, low, high, n_prompts."""
+    from .uncertainty import over_prompts
+
+    routers = {int(l): as_router(r) for l, r in routers.items()}
+
+    def one(tr):
+        s = lookahead_summary(lookahead_recovery(tr, routers, distances, k_extra, phase=phase))
+        return s[["source", "distance", "k", "k_pred", "recovery"]]
+
+    return over_prompts(traces, one, ["source", "distance", "k", "k_pred"], "recovery", **ci)

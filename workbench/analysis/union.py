@@ -226,7 +226,7 @@ def _solve_break_even(g: int, cost: float, tol: float = 1e-10) -> float:
     lo, hi = 0.0, 1.0
     while hi - lo > tol:
         mid = (lo + hi) / 2
-        if expected_tokens(mid, g) < cost:
+        if sum(mid**i for i in range(g)) < cost:  # E(g, mid) in plain floats (bootstrap calls this often)
             lo = mid
         else:
             hi = mid
@@ -283,3 +283,67 @@ def mtp_reference_check(union=None, k: int = REFERENCE_K, claims: Mapping[str, f
                          matches=(abs(be["acceptance"] - claims["break_even"]) <= 0.01) if "break_even" in claims
                          and not np.isnan(be["acceptance"]) else False))
     return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- over a workload
+SEED_G = (1, 2, 3, 8)  # the windows of the seed's union table: MTP rows compare like for like
+MTP_QUANTITIES = ("ceiling", "speedup@0.9", "speedup@0.8", "break_even", "slope")
+
+
+def union_ci(traces, g_values: Iterable[int] = SEED_G, phase: str | None = "decode", **ci) -> pd.DataFrame:
+    """union(g) (mean over layers) over a workload ({prompt: trace}): g, union, low, high, n_prompts."""
+    from .uncertainty import over_prompts
+
+    ks = set()
+
+    def one(tr):
+        t = union_by_window(tr, g_values, phase)
+        ks.add(t.attrs["k"])
+        return t[t["scope"] == "mean"][["g", "union"]]
+
+    out = over_prompts(traces, one, ["g"], "union", **ci)
+    if len(ks) != 1:
+        raise ValueError(f"prompts disagree on top-k ({sorted(ks)}); a workload is one model")
+    out.attrs["k"] = ks.pop()
+    return out
+
+
+def _mtp_value(u: dict[int, float], k: int, quantity: str) -> float:
+    if quantity == "ceiling":
+        return max(g * k / v for g, v in u.items())
+    if quantity.startswith("speedup@"):
+        a = float(quantity.split("@")[1])
+        return max(float(expected_tokens(a, g)) * k / v for g, v in u.items())
+    if quantity == "break_even":
+        return break_even(u, k)["acceptance"]
+    if quantity == "slope":
+        return fit_union_slope(u, k)
+    raise ValueError(f"unknown MTP quantity {quantity!r}; known: {MTP_QUANTITIES}")
+
+
+def mtp_ci(union: pd.DataFrame, quantities: Iterable[str] = MTP_QUANTITIES, **ci) -> pd.DataFrame:
+    """The MTP bound quantities from a ``union_ci`` table, bootstrapped over prompts (each resample
+    averages the prompts' union tables, then computes the bound over the measured g only):
+    quantity, value, low, high, n_prompts, g_values."""
+    from .uncertainty import bootstrap_ci, per_prompt
+
+    per = per_prompt(union).pivot(index="prompt", columns="g", values="union").dropna()
+    gs, k = [int(g) for g in per.columns], int(union.attrs["k"])
+    m = per.to_numpy()
+    rows = []
+    for q in quantities:
+        iv = bootstrap_ci(m, stat=lambda x, q=q: _mtp_value(dict(zip(gs, x.mean(axis=0))), k, q), **ci)
+        rows.append(dict(quantity=q, value=iv.estimate, low=iv.low, high=iv.high, n_prompts=iv.n,
+                         g_values=",".join(map(str, gs))))
+    return pd.DataFrame(rows)
+
+
+def slope_fits(union, k: int) -> dict[str, float]:
+    """Three ways to read one slope s off a union table, and what the seed's own s predicts:
+    least squares through (1, k), least squares with a free intercept, mean of per-point slopes."""
+    u = union_table(union)
+    x = np.array([g - 1 for g in u], float)
+    y = np.array([u[g] / k - 1 for g in u], float)
+    free = np.polyfit(x, y, 1)[0] if len(x) > 1 else np.nan
+    per = [yy / xx for xx, yy in zip(x, y) if xx > 0]
+    return {"through_k": fit_union_slope(u, k), "free_intercept": float(free), "mean_per_point": float(np.mean(per))}

@@ -245,15 +245,85 @@ def hit_curve_chart(table: pd.DataFrame, x: str | None = None, y: str | None = N
 
 # --------------------------------------------------------------------------- ledger
 def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
-    """Measured / reference per claim (1 = reproduced), coloured by verdict; unmeasured claims omitted."""
-    t = ledger.dropna(subset=["measured"]).copy()
-    t["ratio"] = t["measured"] / t["reference"]
-    t["verdict_kind"] = t["verdict"].str.split(":").str[0]
-    sc = alt.Scale(domain=["matches", "differs"], range=[PALETTE[4], PALETTE[2]])
-    dots = alt.Chart(t).mark_point(filled=True, size=70).encode(
-        y=alt.Y("id:N", title="claim", sort=list(t["id"])), x=alt.X("ratio:Q", title="measured / reference"),
-        color=alt.Color("verdict_kind:N", scale=sc, title="verdict"),
-        tooltip=["id", "reference", "measured", "verdict", "inputs_verdict"])
+    """Ours / seed per ledger row with the 95% interval (also / seed), coloured by verdict;
+    unmeasured rows omitted. 1 = the seed's value."""
+    t = ledger.dropna(subset=["ours"]).copy()
+    t = t[t["seed"] != 0]
+    t["row"] = t["id"] + " · " + t["method"].str.slice(0, 40)
+    for c in ("ours", "low", "high"):
+        t[f"{c}_ratio"] = t[c] / t["seed"]
+    sc = alt.Scale(domain=["reproduced", "differs"], range=[PALETTE[4], PALETTE[2]])
+    y = alt.Y("row:N", title="claim · method", sort=list(t["row"]))
+    bars = alt.Chart(t).mark_rule().encode(y=y, x="low_ratio:Q", x2="high_ratio:Q",
+                                           color=alt.Color("verdict:N", scale=sc, title="verdict"))
+    dots = alt.Chart(t).mark_point(filled=True, size=60).encode(
+        y=y, x=alt.X("ours_ratio:Q", title="ours / seed (bar: 95% interval)"),
+        color=alt.Color("verdict:N", scale=sc, title="verdict"),
+        tooltip=["id", "method", "seed", alt.Tooltip("ours:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"),
+                 alt.Tooltip("high:Q", format=".4f"), "rule", "verdict"])
     one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(x="x:Q")
-    return alt.layer(one, dots).properties(width=360, height=max(120, 18 * len(t)),
-                                           title=_title("Claims ledger", "1 = reproduces the reference"))
+    return alt.layer(one, bars, dots).properties(width=360, height=max(120, 14 * len(t)),
+                                                 title=_title("Claims ledger", "1 = the seed's value; verdict by each row's rule"))
+
+
+# --------------------------------------------------------------------------- intervals over a workload
+def interval_chart(table: pd.DataFrame, x: str, y: str, color: str | None = None, title: str = "",
+                   subtitle: str | None = None, y_title: str | None = None, seed=None,
+                   y_format: str | None = None) -> alt.Chart:
+    """Estimate ``y`` with its 95% interval (columns low, high) per ``x`` (ordinal), one colour per
+    ``color``, side by side; ``seed`` (a column, or a list: a range's ends) is drawn as black ticks."""
+    t = table.copy()
+    t[x] = t[x].astype(str)
+    enc_x = alt.X(f"{x}:N", title=x.replace("_", " "), sort=list(dict.fromkeys(t[x])), axis=alt.Axis(labelAngle=0))
+    axis = alt.Axis(format=y_format) if y_format else alt.Axis()
+    enc = dict(x=enc_x)
+    if color:
+        t[color] = t[color].astype(str)
+        dom = list(dict.fromkeys(t[color]))
+        enc["color"] = alt.Color(f"{color}:N", scale=color_scale(dom), sort=dom, title=color.replace("_", " "))
+        enc["xOffset"] = alt.XOffset(f"{color}:N", sort=dom)
+    n_col = next((c for c in t.columns if c.startswith("n_") and c.endswith("s")), None)
+    tip = [x] + ([color] if color else []) + [alt.Tooltip(f"{y}:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"),
+                                              alt.Tooltip("high:Q", format=".4f")] + ([n_col] if n_col else [])
+    err = alt.Chart(t).mark_errorbar(ticks=True).encode(y=alt.Y("low:Q", title=y_title or y), y2="high:Q", **enc)
+    pts = alt.Chart(t).mark_point(filled=True, size=50).encode(y=alt.Y(f"{y}:Q", axis=axis), tooltip=tip, **enc)
+    parts = [err, pts]
+    for col in ([seed] if isinstance(seed, str) else list(seed or [])):
+        parts.append(alt.Chart(t.dropna(subset=[col])).mark_tick(color="black", thickness=2, size=18).encode(
+            x=enc_x, y=f"{col}:Q", tooltip=[x, alt.Tooltip(f"{col}:Q", title="seed")]))
+    sub = subtitle or ("points: estimate; bars: 95% bootstrap interval over prompts"
+                       + ("; black: the seed" if seed else ""))
+    return alt.layer(*parts).properties(width=max(240, 60 * t[x].nunique()), height=240, title=_title(title, sub))
+
+
+def union_ci_chart(by_method: dict) -> alt.Chart:
+    """union(g) with its 95% band over prompts, one colour per method; the seed's table dashed."""
+    from workbench.analysis.union import REFERENCE_UNION
+
+    t = pd.concat([df.assign(method=m) for m, df in by_method.items()], ignore_index=True)
+    seed = pd.DataFrame({"g": list(REFERENCE_UNION), "union": list(REFERENCE_UNION.values()), "method": "seed"})
+    dom = list(by_method) + ["seed"]
+    sc = color_scale(dom)
+    x = alt.X("g:Q", title="window g (consecutive tokens)", axis=alt.Axis(values=sorted(set(t["g"])), format="d"))
+    band = alt.Chart(t).mark_area(opacity=0.2).encode(x=x, y="low:Q", y2="high:Q", color=alt.Color("method:N", scale=sc))
+    line = alt.Chart(t).mark_line(point=True).encode(
+        x=x, y=alt.Y("union:Q", title="distinct experts per layer"), color=alt.Color("method:N", scale=sc, sort=dom),
+        tooltip=["method", "g", alt.Tooltip("union:Q", format=".2f"), alt.Tooltip("low:Q", format=".2f"),
+                 alt.Tooltip("high:Q", format=".2f"), "n_prompts"])
+    ref = alt.Chart(seed).mark_line(point=True, strokeDash=[4, 3]).encode(x=x, y="union:Q", color=alt.Color("method:N", scale=sc))
+    return alt.layer(band, line, ref).properties(width=380, height=260, title=_title(
+        "Experts to read for a window of g tokens", "band: 95% bootstrap interval over prompts; dashed: the seed's table"))
+
+
+def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) -> alt.Chart:
+    """One metric of ``policy_table`` vs arena size, a line per policy with 95% interval bars."""
+    t = table[(table["metric"] == metric) & ~table["policy"].str.contains(" - ")].copy()
+    dom = list(dict.fromkeys(t["policy"]))
+    sc = color_scale(dom)
+    x = alt.X("arena:Q", title="arena (share of routed experts)", axis=alt.Axis(format="%"))
+    line = alt.Chart(t).mark_line(point=True).encode(
+        x=x, y=alt.Y("value:Q", title=y_title), color=alt.Color("policy:N", scale=sc, sort=dom),
+        tooltip=["policy", alt.Tooltip("arena:Q", format=".0%"), alt.Tooltip("value:Q", format=".3f"),
+                 alt.Tooltip("low:Q", format=".3f"), alt.Tooltip("high:Q", format=".3f"), "n_prompts"])
+    err = alt.Chart(t).mark_errorbar(ticks=True).encode(x=x, y="low:Q", y2="high:Q", color=alt.Color("policy:N", scale=sc))
+    return alt.layer(err, line).properties(width=340, height=220, title=_title(title, "bars: 95% bootstrap interval over prompts"))
