@@ -167,8 +167,11 @@ class Engine(SpeculativeMixin):
         return ids
 
     # ---- the decode loop ---------------------------------------------------------------
-    def generate(self, prompt, max_tokens=32, trace=None, progress=None, stop_at_eos=False) -> Result:
-        """Greedy generation, exactly as mlx-lm's generate_step orders its work."""
+    def generate(self, prompt, max_tokens=32, trace=None, progress=None, stop_at_eos=False, sampler=None,
+                 eos_token_ids=None) -> Result:
+        """Generation exactly as mlx-lm's generate_step orders its work: greedy, or ``sampler``
+        (log-probs [1, vocab] -> token [1], called once per token); stops after any of
+        ``eos_token_ids`` (the stop token is kept in ``tokens``)."""
         from mlx_lm.models.cache import make_prompt_cache
 
         if max_tokens < 1:
@@ -185,6 +188,7 @@ class Engine(SpeculativeMixin):
         self.step = 0
         tokens, times = [], []
         eos = set(getattr(self._tokenizer, "eos_token_ids", None) or []) if stop_at_eos else set()
+        eos |= {int(t) for t in eos_token_ids or ()}
         bar = tqdm(total=max_tokens, desc="decode", unit="tok", disable=not (self.progress if progress is None else progress))
         try:
             if len(ids) > 1:  # prefill: every prompt token but the last, in one pass
@@ -198,7 +202,7 @@ class Engine(SpeculativeMixin):
                 self._begin_step(i + 1, "decode", [int(y[0])])
                 t0 = time.perf_counter()
                 logits = self.model(y[None], cache=cache)[:, -1, :]
-                y = mx.argmax(logits, axis=-1)
+                y = sampler(logits - mx.logsumexp(logits, keepdims=True)) if sampler else mx.argmax(logits, axis=-1)
                 mx.eval(y)
                 times.append(time.perf_counter() - t0)
                 self._settle_deferred(times[-1])
