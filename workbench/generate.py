@@ -45,6 +45,35 @@ def resolve_model(name) -> Path:
                          "or give a local path") from None
 
 
+def tokenizer_of(engine):
+    """The engine's tokenizer, or None for a store packed without one."""
+    try:
+        return engine.tokenizer
+    except ModelError:
+        return None
+
+
+def load_draft_model(name):
+    """A resident mlx-lm model to draft with: (model, config)."""
+    from mlx_lm.utils import load_model
+
+    from .model import load_config
+
+    path = resolve_model(name)
+    load_config(path)  # one readable error when it is not a model directory
+    try:
+        return load_model(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise ModelError(f"--draft-model {path} cannot be loaded by mlx-lm ({e}); give an mlx-lm model directory") from None
+
+
+def check_draft(draft, target_config: dict):
+    vocab, target_vocab = draft[1].get("vocab_size"), target_config.get("vocab_size")
+    if vocab != target_vocab:
+        raise ModelError(f"--draft-model has a vocabulary of {vocab} tokens, the target {target_vocab}; "
+                         "a draft model must share the target's tokenizer")
+
+
 def read_prompt(text: str) -> str:
     """``-`` reads stdin; ``\\n`` and ``\\t`` escapes are expanded, as in ``mlx_lm generate``."""
     if text == "-":
