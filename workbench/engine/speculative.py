@@ -88,15 +88,25 @@ class _TargetPasses:
         self.step = 0
 
     def forward(self, tokens, cache, phase):
+        """One pass; a verify pass is bookkept as a decode step (so the all-resident fast path
+        applies) and labelled ``verify`` in the counters."""
         e = self.engine
-        if phase != "prefill":
+        if phase == "prefill":
+            e._begin_step(0, "prefill", tokens)
+        else:
             self.step += 1
-        e._begin_step(self.step, phase, tokens)
+            e._begin_step(self.step, "decode", tokens)
+            e.counters.phase[self.step] = phase
         e._prompt_hot = []
         return e.model(mx.array(tokens, mx.uint32)[None], cache=cache)
 
-    def end_pass(self):
+    def end_pass(self, seconds):
+        self.engine._settle_deferred(seconds)
         self.engine.arena.policy.tick()
+
+    @property
+    def fast_passes(self) -> int:
+        return self.engine._fast_tokens
 
     def close(self):
         self.engine.arena.finish_speculation()
@@ -156,7 +166,7 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
             verified = sampler(_logprobs(logits[0, -(n_draft + 1):, :]))
             mx.eval(verified)
             t2 = time.perf_counter()
-            target.end_pass()
+            target.end_pass(t2 - t1)
             drafts, verified = drafts.tolist(), verified.tolist()
             n = 0
             while n < n_draft and verified[n] == drafts[n]:
@@ -179,11 +189,11 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
     finally:
         bar.close()
         target.close()
-    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, summarize),
+    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, summarize, target.fast_passes),
                   engine.counters.frame(), None, None, pass_times)
 
 
-def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, summarize) -> dict:
+def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, summarize, fast_passes) -> dict:
     """The engine's stats shape over the verify passes, plus what speculation did per pass."""
     stats = summarize(engine.counters.totals("verify"))
     stats["prefill"] = summarize(engine.counters.totals("prefill"))
@@ -197,7 +207,7 @@ def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, summarize)
                  tokens_per_s=len(tokens) / total_s if total_s > 0 else 0.0,
                  median_token_ms=1e3 * total_s / max(1, len(tokens)),
                  arena_slots=engine.n_slots, routed_experts=engine.m.n_routed, expert_bytes=engine.m.expert_bytes,
-                 residency_hash="", fast_path_tokens=0)
+                 residency_hash="", fast_path_tokens=fast_passes)
     stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
     stats["speculative"] = {
         "num_draft_tokens": num_draft_tokens, "verify_passes": len(passes), "drafted": drafted, "accepted": accepted,
