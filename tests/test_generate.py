@@ -241,3 +241,26 @@ def test_read_prompt_expands_escapes_as_mlx_lm(monkeypatch):
     assert gen.read_prompt("a\\nb\\tc") == "a\nb\tc"
     monkeypatch.setattr("sys.stdin", io.StringIO("from stdin\\n"))
     assert gen.read_prompt("-") == "from stdin\\n"  # stdin is taken as it is
+
+
+@needs_reference
+@pytest.mark.parametrize("draft", [False, True])
+def test_cli_seed_matches_mlx_lm_generate(draft, capsys, monkeypatch):
+    """`workbench run --seed S --temp T` prints what `mlx_lm generate --seed S --temp T` prints:
+    both seed before the models are built, and building them draws from the same generator."""
+    import sys
+
+    from mlx_lm.generate import main as mlx_lm_main
+
+    argv = ["-p", "def fib(n):\\n", "--max-tokens", "24", "--temp", "1.0", "--seed", "3"]
+    if draft:
+        argv += ["--draft-model", str(REFERENCE.parent / "ref-draft"), "--num-draft-tokens", "2"]
+    monkeypatch.setattr(sys, "argv", ["mlx_lm.generate", "--model", str(REFERENCE), "--verbose", "F"] + argv)
+    capsys.readouterr()
+    mlx_lm_main()
+    expected = capsys.readouterr().out
+    assert main(["run", "-m", str(REFERENCE), "--arena", "0.25", "--json"] + argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] + "\n" == expected and len(out["tokens"]) > 10
+    greedy = main(["run", "-m", str(REFERENCE), "--arena", "0.25", "--json"] + argv[:4])
+    assert greedy == 0 and json.loads(capsys.readouterr().out)["text"] != out["text"]  # sampling mattered

@@ -74,7 +74,7 @@ def add_generation_args(p):
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
     g.add_argument("--min-p", type=float, default=0.0, help="min-p sampling")
     g.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
-    g.add_argument("--seed", type=int, default=None, help="PRNG seed, set right before generation")
+    g.add_argument("--seed", type=int, default=None, help="PRNG seed, set where mlx_lm generate sets it (before the models are built)")
     g.add_argument("--system-prompt", default=None, help="system message for the chat template")
     g.add_argument("--ignore-chat-template", action="store_true", help="use the raw prompt without the chat template")
     g.add_argument("--extra-eos-token", nargs="+", default=(), help="more tokens (strings or ids) that stop generation")
@@ -86,6 +86,7 @@ def cmd_run(args) -> int:
     import mlx.core as mx
 
     from . import generate as gen
+    from .engine.engine import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
 
@@ -99,10 +100,12 @@ def cmd_run(args) -> int:
     if args.draft_model and args.trace:
         raise ValueError("--draft-model runs without --trace; drop one of them")
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
-    args.model = str(gen.resolve_model(name))
-    draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
+    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json))  # packs on first use
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
+    if args.seed is not None:  # where mlx_lm generate seeds: building the models draws from the generator
+        mx.random.seed(args.seed)
     with open_engine(args, progress=not args.json) as eng:
+        draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)
         if args.prompt is not None:
             if tok is None:
@@ -120,8 +123,6 @@ def cmd_run(args) -> int:
         else:
             run = lambda: eng.generate(ids, max_tokens=args.max_tokens, trace=trace, sampler=sampler,  # noqa: E731
                                        eos_token_ids=eos)
-        if args.seed is not None:
-            mx.random.seed(args.seed)
         res, timing = gen.timed(run, len(ids))
         text = gen.decode(tok, res.tokens, eos)
         config = gen.run_config(eng, name, ids, args)
