@@ -193,7 +193,7 @@ def cmd_demo(args) -> int:
     args.prompt, args.prompt_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
     args.json, args.trace, args.trace_moe_input, args.trace_io = False, None, False, False
     print(f"demo: streaming {model} with a {args.arena} arena")
-    print(f"prompt: {prompt if isinstance(prompt, str) else prompt!r}")
+    print(f"prompt:\n{prompt}" if isinstance(prompt, str) else f"prompt ids: {prompt}")
     rc = cmd_run(args)
     if rc == 0 and not args.no_report:
         try:
