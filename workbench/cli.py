@@ -201,7 +201,8 @@ def cmd_demo(args) -> int:
         except ImportError:
             return rc
         out = build_report(out=args.out, preset="small")
-        print(f"report: {out}/index.html")
+        print(f"report: {out}/index.html (built with the reduced 'small' preset: its numbers check that "
+              "everything runs, they are not the measurements; the full report: workbench report --params full)")
     return rc
 
 
