@@ -68,7 +68,7 @@ reads = reads[reads.cold] if reads.cold.any() else reads
 best = reads.loc[reads["share_of_sequential"].idxmax()]
 headline("Is the store's read path at the device's sequential limit?",
          f"{best['share_of_sequential']:.0%} of a sequential read of the same file "
-         f"({best['gbps']:.2f} GB/s: store blobs into slots, {best['mode']}, {int(best['threads'])} threads, "
+         f"({best['gbps']:.2f} GB/s: {best['method']} into slots, {best['mode']}, {int(best['threads'])} threads, "
          f"{'cold' if best['cold'] else 'warm'})",
          f"{m.expert_bytes / 1e6:.3f} MB blobs are latency-bound; a large model's experts (MBs each) test the "
          "SSD regime (pass store=)",
