@@ -1,5 +1,6 @@
-"""Speculative decoding on the streaming engine: self-draft from resident experts and the
-real cost of a verify pass that reads the union of the drafted tokens' experts."""
+"""Speculative decoding on the streaming engine: live decoding with a resident draft model
+(``speculative_generate``), self-draft from resident experts, and the real cost of a verify pass
+that reads the union of the drafted tokens' experts."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import mlx.core as mx
 
-from .counters import Counters
+from .counters import Counters, summarize
 
 
 class ResidentOnlyRouter:
@@ -128,7 +129,6 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
     from mlx_lm.sample_utils import greedy_sampler
     from tqdm.auto import tqdm
 
-    from .counters import summarize
     from .engine import Result
 
     if max_tokens < 1 or num_draft_tokens < 1:
@@ -189,11 +189,11 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
     finally:
         bar.close()
         target.close()
-    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, summarize, target.fast_passes),
+    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, target.fast_passes),
                   engine.counters.frame(), None, None, pass_times)
 
 
-def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, summarize, fast_passes) -> dict:
+def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, fast_passes) -> dict:
     """The engine's stats shape over the verify passes, plus what speculation did per pass."""
     stats = summarize(engine.counters.totals("verify"))
     stats["prefill"] = summarize(engine.counters.totals("prefill"))
