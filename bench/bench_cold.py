@@ -35,7 +35,14 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--mode", default="dontneed")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default=None)
     a = ap.parse_args()
+    if a.device:
+        import mlx.core as mx
+
+        from workbench.engine.engine import parse_device
+
+        mx.set_default_device(parse_device(a.device))
     store = moving_store()
     prompt = list(range(3, 19))
     path = os.path.join(store, EXPERTS)

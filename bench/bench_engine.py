@@ -1,14 +1,20 @@
-"""Engine overhead, side by side in one run: streamed vs resident mlx-lm on the same model.
+"""Engine speed, side by side in one process: streamed vs resident mlx-lm vs the sync floor.
 
-    python bench/bench_engine.py [--model DIR] [--tokens 64] [--reps 5]
+    python bench/bench_engine.py [--model DIR | --mid] [--device cpu|gpu] [--tokens 64] [--reps 5]
+                                 [--arenas 1.0,0.5,0.25] [--decode auto,layer]
 
-Prints the ratio of median decode times per token (streamed / resident) for a 100% arena
-(all hits: pure engine overhead) and a 25% arena (page cache warm, so the engine's own cost
-shows), hit rate and distinct tokens beside them, and the hook cost (no subscriber vs a full
-trace recorder with MoE inputs).
+Rows per arena and decode mode, medians of per-token decode times over ``--reps`` interleaved
+runs (so drifting load hits every side alike):
+  resident    mlx-lm's own generate_step on the resident model (pipelined with async_eval)
+  sync floor  the same, with one forced host sync per MoE layer (mx.eval of the expert ids and a
+              copy to numpy): the reference any engine that syncs per layer is measured against
+  streamed    the engine; hit rate, distinct tokens, optimistic tokens and recomputes beside it
+"no-read tokens" is the median over decode tokens that read nothing (every expert was resident).
+The trace row: a full trace recorder (MoE inputs included) against the untraced run at 100%.
 """
 
 import argparse
+import datetime
 import platform
 import statistics
 import tempfile
@@ -16,62 +22,117 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.generate import generate_step
+from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 from mlx_lm.utils import load_model
 
 from workbench.data import default_model, workload
-from workbench.engine.engine import Engine
+from workbench.engine.engine import Engine, cache_dir, parse_device
 from workbench.trace.recorder import TraceRecorder
 
 
-def resident_ms(model, prompt, n):
+def mid_model() -> Path:
+    """A random 4-bit qwen3_moe of 16 layers x 64 experts, hidden 1024, that keeps its tokens moving."""
+    from workbench.randmodel import make_random_model
+
+    path = cache_dir() / "bench" / "mid-16x64-h1024-4bit"
+    if not (path / "config.json").exists():
+        make_random_model(path, "qwen3_moe", seed=3, quantize_bits=4, group_size=64, moving=True, layers=16,
+                          experts=64, top_k=8, hidden=1024, expert_width=256, vocab=2048)
+    return path
+
+
+def token_ms(gen, n):
     times, t = [], time.perf_counter()
-    for (tok, _), _ in zip(generate_step(mx.array(prompt), model, max_tokens=n), range(n)):
+    for _, _ in zip(gen, range(n)):
         now = time.perf_counter()
         times.append(now - t)
         t = now
     return statistics.median(times[1:]) * 1e3
 
 
-def streamed_ms(eng, prompt, n, trace=None):
+class SyncedExperts:
+    """Resident experts with one forced host sync per MoE layer (the sync floor)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, x, indices):
+        mx.eval(indices)
+        np.array(indices)
+        return self.inner(x, indices)
+
+
+def sync_floor_model(path):
+    model, _ = load_model(path)
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if isinstance(child, (SwitchGLU, SwitchMLP)):
+                module[name] = SyncedExperts(child)
+    return model
+
+
+def streamed(eng, prompt, n, trace=None):
     res = eng.generate(prompt, max_tokens=n, trace=trace, progress=False)
-    return statistics.median(res.step_times[1:]) * 1e3, res.stats
+    c = res.counters
+    dec = c[c.phase == "decode"].groupby("step")[["bytes_read", "misses", "prefetch_useful_late"]].sum()
+    quiet = [t for t, (_, row) in zip(res.step_times, dec.iterrows()) if not row.any()]
+    return statistics.median(res.step_times[1:]) * 1e3, res.stats, (statistics.median(quiet) * 1e3 if quiet else None)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument("--mid", action="store_true", help="the random 16 x 64, hidden 1024, 4-bit model")
+    ap.add_argument("--device", default=None)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--arenas", default="1.0,0.5,0.25")
+    ap.add_argument("--decode", default="auto,layer")
+    ap.add_argument("--writes", default=None, help="slot write modes to compare, e.g. direct,staged (default: the backend's)")
     a = ap.parse_args()
-    path = Path(a.model or default_model())
-    try:
-        prompt = Engine.open(path, arena="1.0", progress=False).encode(workload("code_heldout")[0]["text"])[:64]
-    except Exception:
-        prompt = list(range(1, 17))
-    model, _ = load_model(path)
-    print(f"model {path} | {platform.machine()} {platform.system()} | mlx {mx.__version__} | device {mx.default_device()}")
-    for arena in ("1.0", "0.25"):
-        eng = Engine.open(path, arena=arena, progress=False)
-        streamed_ms(eng, prompt, 8)  # warm: page cache and compiled kernels
-        r, s, stats = [], [], None
-        for _ in range(a.reps):  # interleaved, so drifting machine load hits both sides
-            r.append(resident_ms(model, prompt, a.tokens))
-            ms, stats = streamed_ms(eng, prompt, a.tokens)
-            s.append(ms)
-        rm, sm = statistics.median(r), statistics.median(s)
-        print(f"arena {arena:>4} ({eng.n_slots} slots): resident {rm:.2f} ms/tok, streamed {sm:.2f} ms/tok, "
-              f"ratio streamed/resident {sm / rm:.3f} (throughput {rm / sm:.2f}x of resident), "
-              f"hit rate {stats['hit_rate']:.1%}, distinct tokens {stats['distinct_tokens']}/{stats['tokens']}")
-        if arena == "1.0":
-            with tempfile.TemporaryDirectory() as d:
-                plain, traced = [], []
-                for i in range(a.reps):
-                    plain.append(streamed_ms(eng, prompt, a.tokens)[0])
-                    traced.append(streamed_ms(eng, prompt, a.tokens, TraceRecorder(f"{d}/t{i}.parquet", moe_input=True))[0])
-                print(f"hooks: no subscriber {statistics.median(plain):.2f} ms/tok, full trace recorder "
-                      f"{statistics.median(traced):.2f} ms/tok, ratio {statistics.median(traced) / statistics.median(plain):.3f}")
-        eng.close()
+    dev = parse_device(a.device)
+    if dev is not None:
+        mx.set_default_device(dev)
+    path = mid_model() if a.mid else Path(a.model or default_model())
+    with Engine.open(path, arena="1.0", progress=False) as eng:
+        try:
+            prompt = eng.encode(workload("code_heldout")[0]["text"])[:64]
+        except Exception:
+            prompt = list(range(1, 17))
+    model = load_model(path)[0]
+    floor_model = sync_floor_model(path)
+    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | model {path.name} | {platform.machine()} {platform.system()} | "
+          f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
+    print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  recomp")
+    combos = [(arena, decode, w) for arena in a.arenas.split(",") for decode in a.decode.split(",")
+              for w in (a.writes.split(",") if a.writes else [None])]
+    for arena, decode, writes in combos:
+            with Engine.open(path, arena=arena, decode=decode, writes=writes, progress=False) as eng:
+                streamed(eng, prompt, 8)  # warm: page cache and compiled kernels
+                r, f, s, q, stats = [], [], [], [], None
+                for _ in range(a.reps):
+                    r.append(token_ms(generate_step(mx.array(prompt), model), a.tokens))
+                    f.append(token_ms(generate_step(mx.array(prompt), floor_model), a.tokens))
+                    ms, stats, quiet = streamed(eng, prompt, a.tokens)
+                    s.append(ms)
+                    if quiet is not None:
+                        q.append(quiet)
+                rm, fm, sm = statistics.median(r), statistics.median(f), statistics.median(s)
+                qm = f"{statistics.median(q):7.2f}" if q else "    n/a"
+                print(f"{arena:>5}  {decode:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
+                      f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
+                      f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}", flush=True)
+                if arena == "1.0" and (decode, writes) == combos[0][1:]:
+                    with tempfile.TemporaryDirectory() as d:
+                        plain, traced = [], []
+                        for i in range(a.reps):
+                            plain.append(streamed(eng, prompt, a.tokens)[0])
+                            traced.append(streamed(eng, prompt, a.tokens, TraceRecorder(f"{d}/t{i}.parquet", moe_input=True))[0])
+                    print(f"trace: untraced {statistics.median(plain):.2f} ms/tok, full trace recorder "
+                          f"{statistics.median(traced):.2f} ms/tok, ratio {statistics.median(traced) / statistics.median(plain):.3f}",
+                          flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Read path: cold GB/s of the store's blob reads (1/2/4/8 threads) vs a plain sequential read
-of the same file in the same mode, on a store with blobs of 1 MiB or more.
+of the same file in the same mode, on a store with blobs of 1 MiB or more; and the cost of landing
+a read in a slot that the device then computes on, per slot-write mode (direct: preadv into the
+slot's memory; staged: preadv into a host buffer, then a device copy into the slot).
 
-    python bench/bench_readpath.py [--store DIR]   (builds a 1.5 MiB-per-expert random store if none)
+    python bench/bench_readpath.py [--store DIR] [--device gpu] [--slot-writes-only]
 """
 
 import argparse
@@ -25,12 +27,66 @@ def big_store() -> Path:
     return store
 
 
+def slot_writes(store, n=64, reps=3):
+    """Median microseconds per expert: read it into a slot (page cache warm) and compute on it."""
+    import statistics
+    import time
+
+    import mlx.core as mx
+    import numpy as np
+
+    from workbench.arena.arena import Arena
+    from workbench.engine.counters import Counters
+    from workbench.hooks import Hooks
+    from workbench.io.scheduler import IOScheduler
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import BlobReader
+
+    m = Manifest.load(store)
+    layer = m.moe_layers[0]
+    rows = []
+    for writes in ("direct", "staged"):
+        reader = BlobReader(store, m, verify="never")
+        io = IOScheduler(reader, workers=2, reserved=1)
+        arena = Arena(m, m.top_k, io, Counters(), Hooks(), "lru", writes=writes)
+        name = m.tensors[0].name
+        per = []
+        try:
+            for rep in range(reps + 1):
+                t0 = time.perf_counter()
+                for i in range(n):
+                    table = arena.at_layer(layer, [i % m.n_experts])
+                    idx = mx.array(table[[i % m.n_experts]].astype(np.uint32))
+                    mx.eval(mx.sum(mx.take(arena.tensors[name], idx, axis=0).astype(mx.float32)))
+                    arena.release()
+                if rep:  # the first pass warms the page cache and the kernels
+                    per.append((time.perf_counter() - t0) / n * 1e6)
+        finally:
+            io.close()
+            reader.close()
+        rows.append((writes, statistics.median(per)))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--store")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--slot-writes-only", action="store_true")
     a = ap.parse_args()
+    if a.device:
+        import mlx.core as mx
+
+        from workbench.engine.engine import parse_device
+
+        mx.set_default_device(parse_device(a.device))
     store = Path(a.store) if a.store else big_store()
+    print(f"slot writes, {store.name}, page cache warm: microseconds per expert (read, land in a slot, compute on it)")
+    for writes, us in slot_writes(store, reps=a.reps):
+        print(f"  {writes:<7} {us:9.1f} us")
+    if a.slot_writes_only:
+        return
     df = read_path_table(store, reps=a.reps)
     print(f"store {store} | {platform.machine()} {platform.system()} | medians of {a.reps}")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -9,6 +9,16 @@ import pytest
 
 os.environ.setdefault("WORKBENCH_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "test-cache"))
 
+# WORKBENCH_DEVICE=gpu runs the suite on MLX's GPU backend. Exactness there is "greedy tokens identical,
+# log-probs within TOL": GPU kernels are not bit-identical to each other (see bench/RESULTS.md for the
+# measured spread that justifies the bound). On the CPU the bound stays at float32 rounding.
+DEVICE = os.environ.get("WORKBENCH_DEVICE", "cpu")
+TOL = float(os.environ.get("WORKBENCH_TOL", 1e-2 if DEVICE == "gpu" else 1e-4))
+if DEVICE == "gpu":
+    import mlx.core as _mx
+
+    _mx.set_default_device(_mx.gpu)
+
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):

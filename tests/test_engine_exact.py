@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import resident_greedy
+from conftest import TOL, resident_greedy
 from workbench.engine.engine import Engine
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "gpt_oss", "glm4_moe"]
@@ -13,18 +13,22 @@ PROMPT = [5, 17, 3, 99, 42, 8, 77, 1, 64, 23, 11, 90, 31, 7, 56, 2, 88, 14, 70, 
 @pytest.mark.parametrize("bits", [None, 4])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_streamed_equals_resident(tiny, family, bits):
+    """Both decode modes, at arenas where most tokens miss, some do, and none do."""
     model_dir, store = tiny(family, bits)
     ref_tokens, ref_logprobs = resident_greedy(model_dir, PROMPT, 10)
     assert len(set(ref_tokens)) > 3, "the random model must keep tokens moving for the test to mean anything"
     for arena in ("0.1", "0.5", "1.0"):
-        with Engine(store, arena=arena, progress=False) as eng:
-            res = eng.generate(PROMPT, max_tokens=10)
-        assert res.tokens == ref_tokens, f"{family} bits={bits} arena={arena}"
-        np.testing.assert_allclose(res.logprobs, ref_logprobs, atol=1e-4, rtol=1e-4)
-        routed = res.stats["hits"] + res.stats["misses"]
-        assert routed == 10 * len(eng.m.moe_layers) * eng.top_k
-        if arena == "0.1":  # the prefill batch needed more experts than the arena holds: waves
-            assert eng.n_slots < eng.m.n_experts and res.stats["prefill"]["misses"] > eng.n_slots
+        for decode in ("optimistic", "layer"):
+            with Engine(store, arena=arena, decode=decode, progress=False) as eng:
+                res = eng.generate(PROMPT, max_tokens=10)
+            where = f"{family} bits={bits} arena={arena} decode={decode}"
+            assert res.tokens == ref_tokens, where
+            np.testing.assert_allclose(res.logprobs, ref_logprobs, atol=TOL, rtol=TOL, err_msg=where)
+            assert res.stats["lookups"] == 10 * len(eng.m.moe_layers) * eng.top_k
+            if decode == "optimistic" and family != "gpt_oss":  # gpt_oss's sliding-window caches cannot roll back
+                assert res.stats["optimistic_tokens"] == 10, where
+            if arena == "0.1":  # the prefill batch needed more experts than the arena holds: waves
+                assert eng.n_slots < eng.m.n_experts and res.stats["prefill"]["misses"] > eng.n_slots
 
 
 def test_small_arena_is_not_silently_wrong(tiny):
@@ -60,19 +64,46 @@ def test_read_modes_agree(tiny):
     assert len(set(map(tuple, outs.values()))) == 1, outs
 
 
-def test_all_resident_fast_path_is_exact(tiny):
-    """Once every expert is resident, slots are mapped on the device without a host sync per layer."""
+def test_full_arena_is_preloaded_and_never_syncs_per_layer(tiny):
+    """An arena that holds every expert is filled at open: every token is optimistic, none misses."""
     model_dir, store = tiny("qwen3_moe", 4)
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 40)
-    with Engine(store, arena="1.0", progress=False) as eng:
-        eng.generate(list(range(0, 128, 3)), max_tokens=2)  # touch every expert
-        res = eng.generate(PROMPT, max_tokens=40)
-        slow = Engine(store, arena="1.0", progress=False, fast_resident=False)
-        slow.generate(list(range(0, 128, 3)), max_tokens=2)
-        res_slow = slow.generate(PROMPT, max_tokens=40)
-        slow.close()
-    assert res.stats["fast_path_tokens"] > 30 and res_slow.stats["fast_path_tokens"] == 0
+    with Engine(store, arena="1.0", progress=False) as eng, \
+            Engine(store, arena="1.0", decode="layer", progress=False) as slow:
+        res, res_slow = eng.generate(PROMPT, max_tokens=40), slow.generate(PROMPT, max_tokens=40)
+        assert list(eng.arena.policy.order()) == list(slow.arena.policy.order())
+    assert res.stats["optimistic_tokens"] == 40 and res_slow.stats["optimistic_tokens"] == 0
     assert res.tokens == ref == res_slow.tokens
-    np.testing.assert_allclose(res.logprobs, ref_lp, atol=1e-4)
+    np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
     assert res.stats["hits"] == res_slow.stats["hits"] == 40 * 2 * 2 and res.stats["misses"] == 0
-    assert list(eng.arena.policy.order()) == list(slow.arena.policy.order())
+    assert res.stats["recomputes"] == 0
+
+
+@pytest.mark.parametrize("arena", ["4", "0.3", "0.6"])
+def test_optimistic_and_per_layer_decode_are_one_result(tiny, arena):
+    """Without read-ahead the two modes run the same arena events in the same order: same tokens,
+    log-probs, counters and residency; optimistic decode recomputes where a layer missed."""
+    _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    out = {}
+    for decode in ("optimistic", "layer"):
+        with Engine(store, arena=arena, decode=decode, progress=False) as eng:
+            out[decode] = eng.generate(PROMPT, max_tokens=12)
+    opt, lay = out["optimistic"], out["layer"]
+    assert opt.tokens == lay.tokens
+    np.testing.assert_allclose(opt.logprobs, lay.logprobs, atol=TOL)
+    for key in ("hits", "misses", "sync_misses", "evictions", "bytes_read", "residency_hash"):
+        assert opt.stats[key] == lay.stats[key], key
+    assert opt.stats["recomputes"] > 0 and opt.stats["recomputed_layers"] >= opt.stats["recomputes"]
+    cols = ["step", "layer", "hits", "misses", "evictions"]
+    assert opt.counters[cols].equals(lay.counters[cols])
+
+
+def test_auto_mode_switches_on_the_miss_pattern(tiny):
+    """The controller runs optimistic tokens while layers hit and per-layer tokens under heavy misses."""
+    _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    with Engine(store, arena="1.0", progress=False) as eng:
+        full = eng.generate(PROMPT, max_tokens=12)
+    with Engine(store, arena="4", progress=False, sync_cost=1.0) as eng:
+        tight = eng.generate(PROMPT, max_tokens=40)
+    assert full.stats["optimistic_tokens"] == 12
+    assert 0 < tight.stats["optimistic_tokens"] < 40  # probes only

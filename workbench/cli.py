@@ -25,6 +25,11 @@ def add_engine_args(p):
     p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--io-mode", default="buffered", help="buffered | dontneed | direct | nocache")
     p.add_argument("--verify", default="first", help="checksum blobs: always | first (first read of each) | never")
+    p.add_argument("--device", default=None, help="cpu | gpu (default: MLX's default device)")
+    p.add_argument("--decode", default="auto", help="auto | optimistic (one host sync per token, verified) | layer "
+                                                    "(one sync per MoE layer)")
+    p.add_argument("--slot-writes", default=None, help="direct (reads land in slot memory) | staged (host buffer, "
+                                                       "then a device copy); default by backend")
     g = p.add_argument_group("read-ahead and cache-aware routing")
     g.add_argument("--predictor", default="none", help="none | layer | prev | oracle")
     g.add_argument("--lookahead", type=int, default=1, help="distance D in MoE layers for --predictor layer/oracle")
@@ -40,8 +45,8 @@ def add_engine_args(p):
 
 def engine_kwargs(args) -> dict:
     return dict(arena=args.arena, policy=args.policy, io_workers=args.io_workers, io_reserved=args.io_reserved,
-                io_mode=args.io_mode, verify=args.verify,
-                policy_options={"hotlist": args.hotlist} if args.hotlist else None)
+                io_mode=args.io_mode, verify=args.verify, device=args.device, decode=args.decode,
+                writes=args.slot_writes, policy_options={"hotlist": args.hotlist} if args.hotlist else None)
 
 
 def cmd_pack(args) -> int:

@@ -97,12 +97,15 @@ def build_prompt(tokenizer, text: str, system_prompt=None, ignore_chat_template=
 
 
 def make_sampler(temp=0.0, top_p=1.0, min_p=0.0, top_k=0):
-    """mlx-lm's sampler (greedy at temp 0): log-probs [1, vocab] -> token [1]."""
+    """mlx-lm's sampler: log-probs [1, vocab] -> token [1]; None at temp 0, where mlx-lm's is an
+    argmax too and the engine's own greedy path (optimistic decode included) picks the same token."""
     from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 
     if temp < 0 or not 0 <= top_p <= 1 or not 0 <= min_p <= 1 or top_k < 0:
         raise ValueError(f"sampling wants temp >= 0, 0 <= top-p <= 1, 0 <= min-p <= 1, top-k >= 0; "
                          f"got temp={temp} top-p={top_p} min-p={min_p} top-k={top_k}")
+    if temp == 0:
+        return None
     return mlx_make_sampler(temp, top_p, min_p, 1, top_k=top_k)
 
 
@@ -192,6 +195,7 @@ def run_config(engine, model, prompt_ids, args) -> dict:
         "arena": {"spec": str(args.arena), "slots": engine.n_slots, "bytes": engine.n_slots * engine.m.expert_bytes,
                   "routed_experts": engine.m.n_routed, "expert_bytes": engine.m.expert_bytes},
         "policy": args.policy, "predictor": args.predictor, "io_mode": args.io_mode,
+        "device": str(mx.default_device()), "decode": args.decode,
         "prompt_tokens": len(prompt_ids), "max_tokens": args.max_tokens,
         "sampler": {"temp": args.temp, "top_p": args.top_p, "min_p": args.min_p, "top_k": args.top_k,
                     "seed": args.seed},

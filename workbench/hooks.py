@@ -87,7 +87,9 @@ def run_with_hooks(engine, prompt, fwd_hooks, **generate_kw):
 
 
 def run_with_cache(engine, prompt, names_filter=None, **generate_kw):
-    """Generate and return ``(result, cache)``; cache maps hook name -> list of values in order.
+    """Generate and return ``(result, cache)``; cache maps hook name -> list of values in order,
+    one per step for the ``layer.*`` points (the final, verified value where optimistic decode
+    recomputed a layer).
 
     ``names_filter``: None (every hook point), a glob string, a list of names/globs, or a
     callable ``name -> bool``.
@@ -102,9 +104,19 @@ def run_with_cache(engine, prompt, names_filter=None, **generate_kw):
     else:
         patterns, pred = list(names_filter), None
 
+    where: dict[tuple, int] = {}
+
     def keep(value, name, **ctx):
         if pred is None or pred(name):
-            cache.setdefault(name, []).append(value if ctx == {} or value is not None else ctx)
+            item = value if ctx == {} or value is not None else ctx
+            values = cache.setdefault(name, [])
+            if name.startswith("layer.") and "step" in ctx:  # one value per (layer point, step): a layer
+                at = where.get((name, ctx["step"]))        # recomputed after a miss replaces its first try
+                if at is not None:
+                    values[at] = item
+                    return
+                where[(name, ctx["step"])] = len(values)
+            values.append(item)
 
     with engine.hooks.using([(p, keep) for p in patterns]):
         result = engine.generate(prompt, **generate_kw)

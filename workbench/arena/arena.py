@@ -6,6 +6,17 @@ Keys are ``layer * n_experts + expert``. A slot is free, or holds a key that is 
 the policy's order, skipping pinned, speculative and limbo slots; a prefetch never
 evicts its own target layer. Residency never depends on I/O timing: a slot whose read
 is still running is waited for, never skipped.
+
+The slot tensors have one extra row, the *placeholder* (zeros, never written): the
+expert->slot table ``lut`` maps every expert that is not published there, so a decode
+pass can run without asking the host which experts are resident (verified afterwards).
+
+Slot writes, per backend (``writes``):
+  direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
+           memory (CPU, Metal)
+  staged   reads land in a host buffer; a claimed read is copied into its slot by an MLX
+           scatter, ordered on the device stream before any compute that reads it (CUDA,
+           whose managed pages would otherwise migrate on every host write)
 """
 
 from __future__ import annotations
@@ -23,14 +34,26 @@ from .policies import make_policy
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
 _DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloat16": mx.bfloat16,
            "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
+_NUMPY = {k: np.dtype("uint16" if k == "bfloat16" else k) for k in _DTYPES}
+
+
+WRITE_MODES = ("direct", "staged")
 
 
 class ArenaError(RuntimeError):
     """The arena cannot serve a request (too small, no eligible victim)."""
 
 
+def default_writes() -> str:
+    """direct where host and device share memory (CPU, Metal); staged on CUDA."""
+    if mx.default_device() == mx.cpu or mx.metal.is_available():
+        return "direct"
+    return "staged"
+
+
 class Arena:
-    def __init__(self, manifest, n_slots, scheduler, counters, hooks, policy="lru", policy_options=None):
+    def __init__(self, manifest, n_slots, scheduler, counters, hooks, policy="lru", policy_options=None,
+                 writes=None):
         self.m = manifest
         self.E = manifest.n_experts
         self.n_slots = n_slots
@@ -39,11 +62,22 @@ class Arena:
         self.hooks = hooks
         n_keys = (max(manifest.moe_layers) + 1) * self.E
         self.policy = make_policy(policy, n_slots, n_keys=n_keys, n_experts=self.E, **(policy_options or {}))
-        self.tensors = {t.name: mx.zeros((n_slots, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
+        self.writes = writes or default_writes()
+        if self.writes not in WRITE_MODES:
+            raise ValueError(f"unknown slot write mode {self.writes!r}; valid: {', '.join(WRITE_MODES)}")
+        self.placeholder = n_slots  # the extra row: zeros, never written
+        self.tensors = {t.name: mx.zeros((n_slots + 1, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
         mx.eval(list(self.tensors.values()))
-        raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
-        sizes = [t.nbytes for t in manifest.tensors]
-        self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
+        self.views = None
+        if self.writes == "direct":
+            raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
+            sizes = [t.nbytes for t in manifest.tensors]
+            self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
+        self._staged: list = []  # (slot, host buffer) claimed reads waiting to be copied in (staged)
+        self._buffers: list = []  # free host buffers (staged)
+        self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
+        self.version = 0  # bumped whenever ``lut`` changes
+        self._exposed: list[int] = []
         self.key_of = [-1] * n_slots
         self.smap: dict[int, int] = {}
         self.published = [False] * n_slots
@@ -68,13 +102,10 @@ class Arena:
 
     # ---- residency queries -------------------------------------------------------------
     def published_experts(self, layer: int) -> list[int]:
-        lo = layer * self.E
-        return sorted(k - lo for k, s in self.smap.items() if lo <= k < lo + self.E and self.published[s])
+        return np.flatnonzero(self.lut[layer] != self.placeholder).tolist()
 
     def resident_mask(self, layer: int) -> np.ndarray:
-        mask = np.zeros(self.E, dtype=bool)
-        mask[self.published_experts(layer)] = True
-        return mask
+        return self.lut[layer] != self.placeholder
 
     def is_mapped(self, layer: int, expert: int) -> bool:
         return layer * self.E + expert in self.smap
@@ -84,27 +115,40 @@ class Arena:
 
     # ---- demand path -------------------------------------------------------------------
     def at_layer(self, layer: int, experts) -> np.ndarray:
-        """Make ``experts`` (unique ids) of ``layer`` resident and published; returns an expert->slot table."""
+        """Make ``experts`` (unique ids) of ``layer`` resident and published; returns the layer's
+        expert->slot table (the placeholder for experts not published)."""
         c = self.counters.row(self.step, layer)
-        keys = [layer * self.E + int(e) for e in experts]
-        for key in keys:  # pin what is mapped before allocating any miss
-            s = self.smap.get(key)
+        base = layer * self.E
+        keys = [base + int(e) for e in experts]
+        slots = [self.smap.get(k) for k in keys]
+        for s in slots:  # pin what is mapped before allocating any miss
             if s is not None:
                 self.pinned[s] = True
                 self._pins.append(s)
-        waits, batch = [], []
+        if all(s is not None and self.published[s] for s in slots):  # every wanted expert hits
+            c["hits"] += len(keys)
+            self.policy.access_many(keys)
+            if self.hooks.active:
+                for key, s in zip(keys, slots):
+                    self.hooks.fire("cache.hit", key, layer=layer, expert=key - base, slot=s)
+            if self.spec:
+                self._to_limbo(layer)
+            return self.lut[layer]
+        waits, batch, fresh, landed = [], [], [], []
         t0 = time.perf_counter_ns()
         try:
-            for key in keys:
-                s = self.smap.get(key)
+            for key, s in zip(keys, slots):
                 req = self.spec.pop(s, None) if s is not None else None
                 if req is not None:
                     self.limbo.pop(s, None)
                     self.policy.access(key, speculative=True)
                     if req.state == DONE:
                         self._outcome(req, "useful_timely", layer)
+                        landed.append(req)
                     elif req.finished:  # cancelled or failed before it was claimed: read it now
                         self._outcome(req, "partially_read" if req.bytes_read else "cancelled_before_read", layer)
+                        self._recycle(req)
+                        fresh.append(s)
                         waits.append(self._read(s, key, batch))
                     else:
                         req.claimed = "late"
@@ -114,25 +158,27 @@ class Arena:
                     c["hits"] += 1
                     self.policy.access(key)
                     if self.hooks.active:
-                        self.hooks.fire("cache.hit", key, layer=layer, expert=key - layer * self.E, slot=s)
+                        self.hooks.fire("cache.hit", key, layer=layer, expert=key - base, slot=s)
                 else:
                     s = self._victim()
                     self._assign(s, key)
                     self.pinned[s] = True
                     self._pins.append(s)
+                    fresh.append(s)
                     self.policy.admit(key)
                     c["misses"] += 1
                     c["sync_misses"] += 1
-                    blob = self.m.blob(layer, key - layer * self.E)
+                    blob = self.m.blob(layer, key - base)
                     if self.io.reader.page_cache.cached(blob.offset, blob.size):
                         c["page_cache_hits"] += 1
                     if self.hooks.active:
-                        self.hooks.fire("cache.miss", key, layer=layer, expert=key - layer * self.E, slot=s)
+                        self.hooks.fire("cache.miss", key, layer=layer, expert=key - base, slot=s)
                     waits.append(self._read(s, key, batch))
             self.io.submit_many(batch)
+            batch = []
             self._wait_all(waits)
         except BaseException:
-            self._drop_failed(waits)
+            self._drop_failed(waits, batch, fresh)
             self.release()
             raise
         finally:
@@ -144,13 +190,32 @@ class Arena:
                 self._outcome(req, "useful_late", layer)
             else:
                 c["bytes_read"] += req.bytes_read
-        table = np.zeros(self.E, dtype=np.int32)
         for key in keys:
             s = self.smap[key]
-            self.published[s] = True
-            table[key - layer * self.E] = s
+            if not self.published[s]:
+                self._publish(s)
+        self._commit(landed + waits)
         self._to_limbo(layer)
-        return table
+        return self.lut[layer]
+
+    def expose(self, reqs) -> None:
+        """Map completed speculative reads in ``lut`` (not published: the router does not see them)
+        so a recompute can compute on them; a claim then publishes them. Until ``unexpose``."""
+        for req in reqs:
+            if req.state == DONE and self.spec.get(req.slot) is req:
+                key = self.key_of[req.slot]
+                self._commit([req])
+                self.lut[key // self.E, key % self.E] = req.slot
+                self._exposed.append(req.slot)
+                self.version += 1
+
+    def unexpose(self) -> None:
+        for s in self._exposed:
+            key = self.key_of[s]
+            if key >= 0 and not self.published[s] and self.lut[key // self.E, key % self.E] == s:
+                self.lut[key // self.E, key % self.E] = self.placeholder
+                self.version += 1
+        self._exposed.clear()
 
     def release(self) -> None:
         """Unpin the current layer's slots. Call once their expert compute is evaluated, or is
@@ -161,10 +226,11 @@ class Arena:
 
     def after_layer(self) -> None:
         """Release the previous limbo generation and rotate the current one."""
-        old = [s for s, g in self.limbo.items() if g < self.gen]
-        for s in old:
-            del self.limbo[s]
-            self._unmap(s)
+        if self.limbo:
+            old = [s for s, g in self.limbo.items() if g < self.gen]
+            for s in old:
+                del self.limbo[s]
+                self._unmap(s)
         self.gen += 1
 
     # ---- speculative path --------------------------------------------------------------
@@ -180,8 +246,7 @@ class Arena:
         if s is None:
             return None
         self._assign(s, key)
-        req = ReadRequest(self.m.blob(layer, expert), self.views[s], s, speculative=True)
-        req.step = self.step
+        req = self._request(s, key, speculative=True)
         self.spec[s] = req
         self.policy.admit(key, speculative=True)
         c = self.counters.row(self.step, layer)
@@ -197,12 +262,68 @@ class Arena:
             req.event.wait()
             layer = self.key_of[s] // self.E
             self._outcome(req, _unused_outcome(req), layer)
+            self._recycle(req)
             del self.spec[s]
             self.limbo.pop(s, None)
             self._unmap(s)
         for s in list(self.limbo):
             del self.limbo[s]
             self._unmap(s)
+
+    # ---- slot writes -------------------------------------------------------------------
+    def flush(self) -> None:
+        """Staged writes: copy claimed reads into their slots (lazy MLX scatters, one per tensor,
+        ordered on the device stream before any compute that reads those slots)."""
+        if not self._staged:
+            return
+        idx = mx.array([s for s, _ in self._staged], dtype=mx.uint32)
+        for t, off in zip(self.m.tensors, self._offsets()):
+            dt = _NUMPY[t.dtype]
+            rows = np.stack([np.frombuffer(buf, dtype=dt, count=t.nbytes // dt.itemsize, offset=off)
+                             for _, (buf, _) in self._staged]).reshape(len(self._staged), *t.shape)
+            value = mx.array(rows)
+            if t.dtype == "bfloat16":
+                value = value.view(mx.bfloat16)
+            self.tensors[t.name][idx] = value
+        for _, buffer in self._staged:
+            self._buffers.append(buffer)
+        self._staged.clear()
+
+    def _commit(self, reqs) -> None:
+        for req in reqs:
+            if req.buffer is not None:
+                self._staged.append((req.slot, req.buffer))
+                req.buffer = None
+        self.flush()
+
+    def _offsets(self):
+        off = 0
+        for t in self.m.tensors:
+            yield off
+            off += t.nbytes
+
+    def _recycle(self, req) -> None:
+        """A staged read that will never be copied in gives its host buffer back."""
+        if req.buffer is not None:
+            self._buffers.append(req.buffer)
+            req.buffer = None
+
+    def _request(self, s, key, speculative=False) -> ReadRequest:
+        layer, expert = divmod(key, self.E)
+        blob = self.m.blob(layer, expert)
+        if self.views is not None:
+            req = ReadRequest(blob, self.views[s], s, speculative=speculative)
+        else:  # staged: a host buffer split like the slot's tensors (reused, so the reader's piece cache holds)
+            buffer = self._buffers.pop() if self._buffers else self._new_buffer()
+            req = ReadRequest(blob, buffer[1], s, speculative=speculative)
+            req.buffer = buffer
+        req.step = self.step
+        return req
+
+    def _new_buffer(self):
+        buf = np.empty(self.m.expert_bytes, dtype=np.uint8)
+        raw = memoryview(buf)
+        return buf, [raw[o:o + t.nbytes] for t, o in zip(self.m.tensors, self._offsets())]
 
     # ---- internals ---------------------------------------------------------------------
     def _to_limbo(self, layer):
@@ -211,17 +332,32 @@ class Arena:
                 self.io.cancel(req)  # queued: dropped; running: stops at the next piece
                 self.limbo[s] = self.gen
 
+    def _publish(self, s):
+        key = self.key_of[s]
+        self.published[s] = True
+        self.lut[key // self.E, key % self.E] = s
+        self.version += 1
+
+    def _drop(self, s):
+        """Forget slot ``s``'s key: residency map, policy, table."""
+        key = self.key_of[s]
+        if key >= 0:
+            del self.smap[key]
+            self.policy.remove(key)
+            if self.lut[key // self.E, key % self.E] == s:
+                self.lut[key // self.E, key % self.E] = self.placeholder
+                self.version += 1
+        self.key_of[s] = -1
+        self.published[s] = False
+
     def _unmap(self, s):
         key = self.key_of[s]
         req = self.spec.pop(s, None)
         if req is not None:
             req.event.wait()
             self._outcome(req, _unused_outcome(req), key // self.E)
-        if key >= 0:
-            del self.smap[key]
-            self.policy.remove(key)
-        self.key_of[s] = -1
-        self.published[s] = False
+            self._recycle(req)
+        self._drop(s)
         heapq.heappush(self.free, s)
 
     def _assign(self, s, key):
@@ -231,10 +367,8 @@ class Arena:
 
     def _read(self, s, key, batch) -> ReadRequest:
         """A demand read of ``key`` into slot ``s``, queued with ``batch`` (submitted together)."""
-        layer, expert = divmod(key, self.E)
-        req = ReadRequest(self.m.blob(layer, expert), self.views[s], s)
-        req.step = self.step
-        self._submit(req, layer, batch)
+        req = self._request(s, key)
+        self._submit(req, key // self.E, batch)
         return req
 
     def _submit(self, req, layer, batch=None):
@@ -269,10 +403,7 @@ class Arena:
         self.counters.row(self.step, key // self.E)["evictions"] += 1
         if self.hooks.active:
             self.hooks.fire("cache.evict", key, layer=key // self.E, expert=key % self.E, slot=s)
-        del self.smap[key]
-        self.policy.remove(key)
-        self.key_of[s] = -1
-        self.published[s] = False
+        self._drop(s)
         return s
 
     def _wait_all(self, reqs):
@@ -288,13 +419,22 @@ class Arena:
         if error is not None:
             raise error
 
-    def _drop_failed(self, reqs):
-        """After an I/O error: wait for every read of this layer, unmap what did not load."""
+    def _drop_failed(self, reqs, unsubmitted, fresh):
+        """After an error in ``at_layer``: never wait for a read that was not submitted; wait for
+        the rest; unmap every slot this call assigned whose read did not complete."""
+        for req in unsubmitted:
+            req.state = CANCELLED
+            req.event.set()
         for req in reqs:
             req.event.wait()
             if req.state in (FAILED, CANCELLED) and self.key_of[req.slot] >= 0:
                 self.spec.pop(req.slot, None)
+                self._recycle(req)
                 self._unmap(req.slot)
+        done = {req.slot for req in reqs if req.state == DONE}
+        for s in fresh:
+            if s not in done and self.key_of[s] >= 0:
+                self._unmap(s)
 
     def _outcome(self, req, outcome, layer):
         c = self.counters.row(self.step, layer)

@@ -1,4 +1,14 @@
-"""Per (step, layer) counters: hits, misses, evictions, bytes, waits, compute, prefetch outcomes."""
+"""Per (step, layer) counters: hits, misses, evictions, bytes, waits, compute, prefetch outcomes.
+
+Definitions (the same everywhere: CLI, --json, notebooks, reports):
+  lookups        one per distinct routed expert a layer claims
+  hits           arena hits: the expert was resident and published
+  prefetch_hits  claims served by a speculative read: useful_timely (complete) + useful_late (in flight)
+  sync_misses    demand reads issued and waited for (``misses`` counts the same reads)
+  hit_rate       (hits + prefetch_hits) / lookups
+Decode-mode counters: ``optimistic`` tokens, ``recomputes`` (recovery passes after a miss) and
+``recomputed_layers`` (decoder layers run again).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +19,8 @@ import pandas as pd
 from ..arena.arena import OUTCOMES
 
 PREFETCH_KEYS = ("issued",) + OUTCOMES
-BASE = ("hits", "misses", "sync_misses", "page_cache_hits", "evictions", "bytes_read", "io_wait_ns", "compute_ns")
+BASE = ("hits", "misses", "sync_misses", "page_cache_hits", "evictions", "bytes_read", "io_wait_ns", "compute_ns",
+        "predict_ns", "optimistic", "recomputes", "recomputed_layers")
 
 
 class Counters:
@@ -47,12 +58,15 @@ def summarize(tot: dict) -> dict:
         if d["issued"] != sum(d[k] for k in OUTCOMES):
             raise RuntimeError(f"prefetch accounting broken: issued {d['issued']} != sum of outcomes {d}")
     hits, misses = int(tot.get("hits", 0)), int(tot.get("misses", 0))
-    claims = hits + misses + prefetch["useful_late"] + prefetch["useful_timely"]
+    prefetch_hits = prefetch["useful_late"] + prefetch["useful_timely"]
+    lookups = hits + misses + prefetch_hits
     return {
-        "hits": hits, "misses": misses, "sync_misses": int(tot.get("sync_misses", 0)),
-        "page_cache_hits": int(tot.get("page_cache_hits", 0)),
+        "lookups": lookups, "hits": hits, "prefetch_hits": prefetch_hits, "misses": misses,
+        "sync_misses": int(tot.get("sync_misses", 0)), "page_cache_hits": int(tot.get("page_cache_hits", 0)),
         "evictions": int(tot.get("evictions", 0)), "bytes_read": int(tot.get("bytes_read", 0)),
-        "hit_rate": (hits + prefetch["useful_timely"] + prefetch["useful_late"]) / claims if claims else 0.0,
+        "hit_rate": (hits + prefetch_hits) / lookups if lookups else 0.0,
         "io_wait_s": tot.get("io_wait_ns", 0) / 1e9, "compute_s": tot.get("compute_ns", 0) / 1e9,
         "prefetch": prefetch, "prefetch_bytes": prefetch_bytes,
+        "optimistic_tokens": int(tot.get("optimistic", 0)), "recomputes": int(tot.get("recomputes", 0)),
+        "recomputed_layers": int(tot.get("recomputed_layers", 0)),
     }

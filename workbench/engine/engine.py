@@ -28,11 +28,36 @@ from ..store.reader import BlobReader
 from .arena_size import arena_slots
 from .counters import Counters, summarize
 from .families import family_of, gate_weights, router_logits
+from .optimistic import Controller, OptimisticPass, Rewind, can_rewind, first_miss
 from .speculative import SpeculativeMixin
-from .streamed import GateProbe, MoEProbe, StreamedExperts, get_path, set_path
+from .streamed import GateProbe, LayerProbe, MoEProbe, StreamedExperts, get_path, set_path
 
 
 PREFILL_TOKENS = 8  # batches longer than this use the prefill policy
+DECODE_MODES = ("auto", "optimistic", "layer")
+SYNC_COST = {"cpu": 0.3, "gpu": 1.0}  # one host sync, in units of one layer's compute (controller)
+
+
+class EngineError(RuntimeError):
+    """The engine cannot go on (for example: non-finite logits)."""
+
+
+def parse_device(device):
+    """``cpu`` / ``gpu`` (or an mx.Device) -> mx.Device; the GPU must exist in this MLX build."""
+    if device is None or isinstance(device, mx.Device):
+        return device
+    name = str(device).lower()
+    if name not in ("cpu", "gpu"):
+        raise ValueError(f"unknown device {device!r}; use cpu or gpu")
+    if name == "gpu" and not (mx.metal.is_available() or _cuda_available()):
+        raise ValueError("--device gpu: this MLX build has no GPU backend (Metal or CUDA); use --device cpu "
+                         "or install MLX's GPU build (mlx on macOS, mlx-cuda on Linux)")
+    return mx.gpu if name == "gpu" else mx.cpu
+
+
+def _cuda_available() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available())
 
 
 def prefill_cap(layer: int) -> int:
@@ -77,15 +102,33 @@ def resolve_store(path, progress=True) -> Path:
 
 class Engine(SpeculativeMixin):
     def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
-                 io_mode="buffered", verify="first", progress=True, fast_resident=True):
+                 io_mode="buffered", verify="first", progress=True, decode="auto", device=None, writes=None,
+                 preload="auto", sync_cost=None):
+        """``decode``: auto (a controller picks per token), optimistic or layer (DESIGN.md section 3).
+        ``device``: cpu or gpu (default: MLX's default device). ``writes``: direct or staged slot
+        writes (default by backend). ``preload``: auto reads every expert at open when the arena
+        holds them all; True / False force it."""
+        self.reader = self.io = None
+        try:
+            self._open(store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
+                       decode, device, writes, preload, sync_cost)
+        except BaseException:
+            self.close()  # a failed open leaves no thread or file behind
+            raise
+
+    def _open(self, store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
+              decode, device, writes, preload, sync_cost):
+        self.device = parse_device(device)
+        if self.device is not None:
+            mx.set_default_device(self.device)
+        if decode not in DECODE_MODES:
+            raise ValueError(f"unknown decode mode {decode!r}; valid: {', '.join(DECODE_MODES)}")
         self.root = Path(store)
         self.m = Manifest.load(self.root)
         self.config = self.m.config
         if config_hash(self.config) != self.m.data["config_hash"]:
             raise StoreError(f"store {self.root} config does not match its manifest hash; pack the model again")
         self.progress = progress
-        self.fast_resident = fast_resident
-        self._resident_lut, self._deferred = None, []
         self.hooks = Hooks()
         self.counters = Counters()
         self.top_k = self.m.top_k
@@ -93,9 +136,16 @@ class Engine(SpeculativeMixin):
         self.n_slots = arena_slots(arena, self.m.n_routed, self.m.expert_bytes, self.top_k)
         self.reader = BlobReader(self.root, self.m, mode=io_mode, verify=verify)
         self.io = IOScheduler(self.reader, workers=io_workers, reserved=min(io_reserved, io_workers))
-        self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, policy, policy_options)
+        self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, policy, policy_options, writes)
         self.model = self._build_model()
-        self.arena.preload(self.arena.policy.warm_keys())
+        backend = "cpu" if mx.default_device() == mx.cpu else "gpu"
+        self.decode = decode
+        self.sync_cost = SYNC_COST[backend] if sync_cost is None else float(sync_cost)
+        self._opt = None
+        warm = self.arena.policy.warm_keys()
+        if preload is True or (preload == "auto" and self.n_slots >= self.m.n_routed):
+            warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
+        self.arena.preload(list(dict.fromkeys(warm)))
         self.recorder = None
         self.planner = None  # read-ahead planner (routing.ahead), optional
         self.router = None  # cache-aware router (routing.moce), optional; None = exact
@@ -143,6 +193,10 @@ class Engine(SpeculativeMixin):
             if self.family is not None and hasattr(block, self.family.gate):
                 self.gates[layer] = getattr(block, self.family.gate)
                 setattr(block, self.family.gate, GateProbe(self, layer, self.gates[layer]))
+        layers_path = experts[min(experts)][0].split(".layers.")[0] + ".layers"
+        decoder = get_path(model, layers_path)
+        for i in range(len(decoder)):
+            decoder[i] = LayerProbe(self, i, decoder[i])
         self.names = {layer: {k: f"layer.{layer}.{k}" for k in ("moe.input", "router.logits", "experts.selected")}
                       for layer in experts}
         return model
@@ -169,9 +223,9 @@ class Engine(SpeculativeMixin):
     # ---- the decode loop ---------------------------------------------------------------
     def generate(self, prompt, max_tokens=32, trace=None, progress=None, stop_at_eos=False, sampler=None,
                  eos_token_ids=None) -> Result:
-        """Generation exactly as mlx-lm's generate_step orders its work: greedy, or ``sampler``
-        (log-probs [1, vocab] -> token [1], called once per token); stops after any of
-        ``eos_token_ids`` (the stop token is kept in ``tokens``)."""
+        """Generate after ``prompt`` (text or ids), ordered as mlx-lm's generate_step: greedy, or
+        ``sampler(logprobs)`` once per token (e.g. mlx-lm's make_sampler). Stops at
+        ``eos_token_ids`` (or the tokenizer's EOS ids with ``stop_at_eos``)."""
         from mlx_lm.models.cache import make_prompt_cache
 
         if max_tokens < 1:
@@ -182,14 +236,16 @@ class Engine(SpeculativeMixin):
         if trace is not None:
             trace.attach(self)
         self.counters = self.arena.counters = Counters()
+        self.controller = Controller(self.decode, len(self.m.moe_layers), self.sync_cost)
         cache = make_prompt_cache(self.model)
         residency = hashlib.sha256()
-        self._fast_tokens = 0
         self.step = 0
         tokens, times = [], []
-        eos = set(getattr(self._tokenizer, "eos_token_ids", None) or []) if stop_at_eos else set()
-        eos |= {int(t) for t in eos_token_ids or ()}
+        eos = set(eos_token_ids or [])
+        if stop_at_eos and eos_token_ids is None:
+            eos = set(getattr(self.tokenizer, "eos_token_ids", None) or [])
         bar = tqdm(total=max_tokens, desc="decode", unit="tok", disable=not (self.progress if progress is None else progress))
+        ahead = None  # greedy optimistic decode runs one token ahead (its graph built before the sync)
         try:
             if len(ids) > 1:  # prefill: every prompt token but the last, in one pass
                 self._begin_step(0, "prefill", ids[:-1])
@@ -199,13 +255,28 @@ class Engine(SpeculativeMixin):
                 self._protect_prompt_hot()
             y = mx.array(ids[-1:])
             for i in range(max_tokens):
-                self._begin_step(i + 1, "decode", [int(y[0])])
+                step = i + 1
                 t0 = time.perf_counter()
-                logits = self.model(y[None], cache=cache)[:, -1, :]
-                y = sampler(logits - mx.logsumexp(logits, keepdims=True)) if sampler else mx.argmax(logits, axis=-1)
-                mx.eval(y)
+                if ahead is not None:  # this token's optimistic pass was launched during the last one
+                    p, ahead = ahead, None
+                elif sampler is None and self._optimistic_now(cache):
+                    p = self._launch(y, step, cache)
+                else:
+                    p = None
+                if p is not None:
+                    if sampler is None and step < max_tokens and self._optimistic_now(cache):
+                        ahead = self._launch(p.y, step + 1, cache)
+                    self._begin_step(step, "decode", None)
+                    logits, ahead = self._finish(p, cache, ahead)
+                    y = p.y
+                else:
+                    self._begin_step(step, "decode", None)
+                    self._moe_in, self._logits = {}, {}
+                    logits = self.model(y[None], cache=cache)[:, -1, :]
+                    y = self._sample(logits, sampler)
+                    self._check_finite(logits, y)
+                    self.controller.observe(self._layers_missed())
                 times.append(time.perf_counter() - t0)
-                self._settle_deferred(times[-1])
                 tokens.append(int(y[0]))
                 residency.update(repr(self.arena.residency_signature()).encode())
                 self.arena.policy.tick()
@@ -216,6 +287,9 @@ class Engine(SpeculativeMixin):
                     break
         finally:
             bar.close()
+            if ahead is not None:
+                mx.eval(ahead.y)  # nothing may still read a slot when the arena is cleaned up
+            self._opt = None
             self.arena.finish_speculation()
             self.arena.release()
             if self.planner is not None:
@@ -231,6 +305,137 @@ class Engine(SpeculativeMixin):
         if self._tokenizer is not None or isinstance(prompt, str):
             text = self.tokenizer.decode(tokens)
         return Result(tokens, ids, stats, self.counters.frame(), logprobs, text, times)
+
+    @staticmethod
+    def _sample(logits, sampler):
+        if sampler is None:
+            return mx.argmax(logits, axis=-1)
+        return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
+    # ---- verified optimistic decode (optimistic.py) -------------------------------------
+    def _optimistic_now(self, cache) -> bool:
+        """Optimistic decode needs the exact router (no cache-aware routing) and caches that can
+        roll back one position; the controller decides from the recent miss pattern."""
+        return self.router is None and can_rewind(cache) and self.controller.optimistic()
+
+    def _launch(self, y, step, cache) -> OptimisticPass:
+        """Build one token's graph with no host sync and start it on the device."""
+        p = OptimisticPass(self)
+        p.step = step
+        self._run_pass(p, y, cache)
+        mx.async_eval(p.y, p.ids_all, p.finite)
+        return p
+
+    def _run_pass(self, p, y, cache):
+        p.upload(self.arena, self.m.moe_layers)
+        p.input = y
+        self._opt, self._logits, self._moe_in = p, p.logits, p.moe_in
+        try:
+            logits = self.model(y[None], cache=cache)[:, -1, :]
+        finally:
+            self._opt = None
+        p.out = logits
+        p.y = mx.argmax(logits, axis=-1)
+        computed = [layer for layer in self.m.moe_layers if layer >= p.start]
+        p.computed = computed
+        p.ids_all = mx.concatenate([p.ids[layer].reshape(-1) for layer in computed])
+        p.finite = mx.all(mx.isfinite(logits))
+
+    def _finish(self, p, cache, ahead):
+        """Verify ``p`` (one sync), settle its layers, recover from misses; returns (logits, ahead).
+        ``ahead`` (the next token, already running) is discarded if this token has to recompute."""
+        k = self.top_k
+        self._logits, self._moe_in = p.logits, p.moe_in
+        self.counters.row(self.step, self.m.moe_layers[0])["optimistic"] += 1
+        settled, t0 = 0, time.perf_counter_ns()
+        while True:
+            ids = np.array(p.ids_all).reshape(-1, k)
+            layers = p.computed
+            skip = settled - (len(self.m.moe_layers) - len(layers))  # layers of this pass already settled
+            miss = first_miss(self.arena.lut, self.arena.placeholder, layers[skip:], ids[skip:])
+            stop = len(layers) if miss is None else skip + miss
+            for j in range(skip, stop):
+                self._settle(layers[j], ids[j])
+            settled += stop - skip
+            if miss is None:
+                break
+            if ahead is not None:  # the next token ran on this token's unverified output: drop it
+                mx.eval(ahead.y)
+                for c in cache:
+                    c.trim(1)
+                ahead = None
+            layer = layers[stop]
+            self._settle(layer, ids[stop], keep_pins=True)  # claims layer's experts: reads its misses
+            settled += 1
+            self._read_successors(layers[stop + 1:], ids[stop + 1:])
+            c = self.counters.row(self.step, layer)
+            c["recomputes"] += 1
+            c["recomputed_layers"] += len(self.model.layers) - layer
+            p.start, p.attempt = layer, p.attempt + 1
+            with Rewind(cache, layer):
+                self._run_pass(p, p.input, cache)
+            mx.eval(p.y, p.ids_all, p.finite)
+            self.arena.release()
+            self.arena.after_layer()
+        self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += time.perf_counter_ns() - t0
+        self.arena.unexpose()
+        self.controller.observe(p.attempt)
+        self._check_finite(p.out, p.y, p.finite)
+        return p.out, ahead
+
+    def _settle(self, layer, ids, keep_pins=False):
+        """What per-layer decode does at ``layer`` once its ids are known, in the same order."""
+        shaped = ids.reshape(1, 1, -1)
+        if self.hooks.active:
+            self.hooks.fire(self.names[layer]["experts.selected"], shaped, layer=layer, step=self.step)
+        resident_before = self.arena.published_experts(layer) if self.recorder is not None else None
+        if self.planner is not None:
+            self.planner.on_route(self, layer, shaped)
+        self.arena.at_layer(layer, np.sort(ids))
+        if self.recorder is not None:
+            self.recorder.add_layer(self, layer, shaped, resident_before)
+        if not keep_pins:
+            self.arena.release()
+            self.arena.after_layer()
+
+    def _read_successors(self, layers, ids):
+        """After a miss: the perturbed pass's picks for the later layers are good guesses. With a
+        planner, read the unpublished ones speculatively and wait, so the recompute can use them
+        (``Arena.lut`` includes waited-for speculative slots only while recomputing)."""
+        if self.planner is None or not layers:
+            return
+        reqs = []
+        for layer, row in zip(layers, ids):
+            for e in row:
+                req = self.arena.prefetch(layer, int(e), self.top_k)
+                if req is not None:
+                    reqs.append(req)
+        for req in reqs:  # waited for now: urgent, and the decode thread reads too
+            self.io.promote(req)
+        for req in reversed(reqs):
+            self.io.help(req)
+        for req in reqs:
+            req.event.wait()
+        self.arena.expose(reqs)
+
+    def _layers_missed(self) -> int:
+        rows = [self.counters.row(self.step, layer) for layer in self.m.moe_layers]
+        return sum(1 for r in rows if r["sync_misses"] or r["prefetch_useful_late"])
+
+    def _check_finite(self, logits, y, finite=None):
+        ok = bool((mx.all(mx.isfinite(logits)) if finite is None else finite).item())
+        if ok:
+            return
+        raise EngineError(f"non-finite logits at decode step {self.step}: {self._first_nonfinite()}; "
+                          "the output would be wrong (token 0), so the run stops")
+
+    def _first_nonfinite(self) -> str:
+        for layer in self.m.moe_layers:
+            for what, d in (("MoE input", self._moe_in), ("router logits", self._logits)):
+                v = d.get(layer)
+                if v is not None and not bool(mx.all(mx.isfinite(v)).item()):
+                    return f"first seen in layer {layer}'s {what}"
+        return "every MoE layer's input and router logits were finite (the head or a dense layer produced them)"
 
     def score(self, tokens) -> np.ndarray:
         """Log-probabilities of every next token for ``tokens`` (one pass, current routing)."""
@@ -259,39 +464,12 @@ class Engine(SpeculativeMixin):
                 self.arena.policy.access(key)
         self._prompt_hot = []
 
-    def _all_resident_fast_path(self):
-        """When the arena holds every routed expert, published, and no hook, trace, planner or
-        router watches, the slot of each expert is fixed: map ids to slots on the device and skip
-        the per-layer host sync. Counters and policy touches are settled once per token."""
-        a = self.arena
-        ok = (self.fast_resident and len(a.smap) == self.m.n_routed and not a.spec and not a.limbo
-              and not self.hooks.active and self.recorder is None and self.planner is None and self.router is None
-              and all(a.published[s] for s in a.smap.values()))
-        if not ok:
-            return None
-        E = self.m.n_experts
-        return {layer: mx.array([a.smap[layer * E + e] for e in range(E)], dtype=mx.uint32) for layer in self.m.moe_layers}
-
-    def _settle_deferred(self, seconds):
-        if not self._deferred:
-            return
-        self._fast_tokens += 1
-        for layer, indices in self._deferred:
-            wanted = np.unique(np.array(indices))
-            self.counters.row(self.step, layer)["hits"] += len(wanted)
-            for e in wanted:
-                self.arena.policy.access(layer * self.m.n_experts + int(e))
-        self.counters.row(self.step, self._deferred[0][0])["compute_ns"] += int(seconds * 1e9)
-        self._deferred.clear()
-
     def _begin_step(self, step, phase, token_ids):
         self.step = self.arena.step = step
         self.counters.phase[step] = phase
         self._pos0 = 0 if phase == "prefill" else len(self._prompt) - 2 + step
-        self._deferred = []
-        self._resident_lut = self._all_resident_fast_path() if phase == "decode" else None
-        self._moe_in.clear()
-        self._logits.clear()
+        if phase != "decode":
+            self._moe_in, self._logits = {}, {}
 
     def _stats(self, times, tokens, residency_hash) -> dict:
         stats = summarize(self.counters.totals("decode"))
@@ -301,7 +479,7 @@ class Engine(SpeculativeMixin):
                      tokens_per_s=len(times) / sum(times) if times and sum(times) > 0 else 0.0,
                      median_token_ms=med * 1e3, residency_hash=residency_hash[:16], arena_slots=self.n_slots,
                      routed_experts=self.m.n_routed, expert_bytes=self.m.expert_bytes,
-                     fast_path_tokens=self._fast_tokens)
+                     slot_writes=self.arena.writes, device=str(mx.default_device()))
         stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
         return stats
 
@@ -309,26 +487,33 @@ class Engine(SpeculativeMixin):
     def run_gate(self, layer, gate, x):
         out = gate(x)
         if self.family.rule == "sigmoid_group":
-            if self.recorder is not None or self.planner is not None or self.router is not None:
-                self._logits[layer] = router_logits(self.family, gate, x)
+            if self.recorder is not None or self.planner is not None or self.router is not None or self.hooks.active:
+                logits = router_logits(self.family, gate, x)
+                if self.hooks.active:
+                    logits = self._fire_forward(layer, "router.logits", logits)
+                self._logits[layer] = logits
             return out
         if self.hooks.active:
-            out = self.hooks.fire(self.names[layer]["router.logits"], out, layer=layer)
+            out = self._fire_forward(layer, "router.logits", out)
         self._logits[layer] = out
         return out
 
+    def _fire_forward(self, layer, point, value):
+        p = self._opt
+        step, attempt = (self.step, 0) if p is None else (p.step, p.attempt)
+        return self.hooks.fire(self.names[layer][point], value, layer=layer, step=step, attempt=attempt)
+
     def run_block(self, layer, block, x, *args, **kwargs):
         if self.hooks.active:
-            x = self.hooks.fire(self.names[layer]["moe.input"], x, layer=layer)
+            x = self._fire_forward(layer, "moe.input", x)
         self._moe_in[layer] = x
         if self.router is not None:
             return self.router.forward(self, layer, block, x)
         return block(x, *args, **kwargs)
 
     def run_experts(self, layer, inner, x, indices):
-        if self._resident_lut is not None:  # every expert resident, nobody watching: no sync needed
-            self._deferred.append((layer, indices))
-            return inner(x, self._resident_lut[layer][indices])
+        if self._opt is not None:  # optimistic: no sync, ids recorded, misses on the placeholder slot
+            return self._opt.experts(layer, inner, x, indices)
         c = self.counters.row(self.step, layer)
         t0 = time.perf_counter_ns()
         mx.eval(indices)
@@ -369,10 +554,10 @@ class Engine(SpeculativeMixin):
             table = self.arena.at_layer(layer, wave)
             t0 = time.perf_counter_ns()
             if len(waves) == 1:
-                y = inner(x, mx.array(table[ids]))
+                y = inner(x, mx.array(table[ids].astype(np.uint32)))
             else:
                 mask = np.isin(ids, wave)
-                part = inner(x, mx.array(np.where(mask, table[ids], table[wave[0]])))
+                part = inner(x, mx.array(np.where(mask, table[ids], table[wave[0]]).astype(np.uint32)))
                 part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
                 y = part if y is None else y + part
             if len(waves) > 1 or self.planner is not None:
@@ -391,8 +576,10 @@ class Engine(SpeculativeMixin):
         return gate_weights(self.family, self.blocks[layer], z, ids.reshape(-1, ids.shape[-1]))
 
     def close(self):
-        self.io.close()
-        self.reader.close()
+        if self.io is not None:
+            self.io.close()
+        if self.reader is not None:
+            self.reader.close()
 
     def __enter__(self):
         return self

@@ -76,7 +76,8 @@ class SpeculativeMixin:
 
 class _TargetPasses:
     """The engine internals a verify loop needs, in one place: fresh counters, step bookkeeping
-    per pass, and the end-of-run release (what ``Engine.generate`` does around its own steps)."""
+    per pass, and the end-of-run release (what ``Engine.generate`` does around its own steps).
+    Verify passes run the per-layer path (claim the union of the pass's experts, then compute)."""
 
     def __init__(self, engine, prompt_ids):
         if engine.recorder is not None or engine.planner is not None:
@@ -84,30 +85,24 @@ class _TargetPasses:
                              "(drop --trace / --predictor)")
         self.engine = engine
         engine._prompt = list(prompt_ids)
+        engine._opt = None
         engine.counters = engine.arena.counters = Counters()
-        engine._fast_tokens = 0
         self.step = 0
 
     def forward(self, tokens, cache, phase):
-        """One pass; a verify pass is bookkept as a decode step (so the all-resident fast path
-        applies) and labelled ``verify`` in the counters."""
+        """One pass: the prefill (step 0), or a verify pass bookkept as a step labelled ``phase``."""
         e = self.engine
         if phase == "prefill":
             e._begin_step(0, "prefill", tokens)
         else:
             self.step += 1
-            e._begin_step(self.step, "decode", tokens)
-            e.counters.phase[self.step] = phase
+            e._begin_step(self.step, phase, tokens)
         e._prompt_hot = []
+        e._moe_in, e._logits = {}, {}
         return e.model(mx.array(tokens, mx.uint32)[None], cache=cache)
 
-    def end_pass(self, seconds):
-        self.engine._settle_deferred(seconds)
+    def end_pass(self):
         self.engine.arena.policy.tick()
-
-    @property
-    def fast_passes(self) -> int:
-        return self.engine._fast_tokens
 
     def close(self):
         self.engine.arena.finish_speculation()
@@ -166,7 +161,7 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
             verified = sampler(_logprobs(logits[0, -(n_draft + 1):, :]))
             mx.eval(verified)
             t2 = time.perf_counter()
-            target.end_pass(t2 - t1)
+            target.end_pass()
             drafts, verified = drafts.tolist(), verified.tolist()
             n = 0
             while n < n_draft and verified[n] == drafts[n]:
@@ -189,11 +184,11 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
     finally:
         bar.close()
         target.close()
-    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, target.fast_passes),
+    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens),
                   engine.counters.frame(), None, None, pass_times)
 
 
-def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, fast_passes) -> dict:
+def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens) -> dict:
     """The engine's stats shape over the verify passes, plus what speculation did per pass."""
     stats = summarize(engine.counters.totals("verify"))
     stats["prefill"] = summarize(engine.counters.totals("prefill"))
@@ -207,7 +202,7 @@ def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, fast_passe
                  tokens_per_s=len(tokens) / total_s if total_s > 0 else 0.0,
                  median_token_ms=1e3 * total_s / max(1, len(tokens)),
                  arena_slots=engine.n_slots, routed_experts=engine.m.n_routed, expert_bytes=engine.m.expert_bytes,
-                 residency_hash="", fast_path_tokens=fast_passes)
+                 residency_hash="", slot_writes=engine.arena.writes, device=str(mx.default_device()))
     stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
     stats["speculative"] = {
         "num_draft_tokens": num_draft_tokens, "verify_passes": len(passes), "drafted": drafted, "accepted": accepted,

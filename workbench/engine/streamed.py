@@ -57,6 +57,31 @@ class GateProbe(nn.Module):
         return self._engine.run_gate(self._layer, self.inner, x)
 
 
+class LayerProbe(nn.Module):
+    """Wraps a decoder layer: lets verified optimistic decode skip layers whose output it already
+    has (a recompute after a miss starts at the missed layer) and record what it computed."""
+
+    def __init__(self, engine, index: int, layer: nn.Module):
+        super().__init__()
+        self.inner = layer
+        object.__setattr__(self, "_engine", engine)
+        object.__setattr__(self, "_index", index)
+
+    def __getattr__(self, name):  # models read layer attributes (e.g. is_linear, layer_type)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], name)
+
+    def __call__(self, x, *args, **kwargs):
+        opt = self._engine._opt
+        if opt is None:
+            return self.inner(x, *args, **kwargs)
+        return opt.layer(self._index, self.inner, x, args, kwargs)
+
+
 def get_path(root, path: str):
     node = root
     for part in path.split("."):

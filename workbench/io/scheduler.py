@@ -41,7 +41,7 @@ class Done:
 
 class ReadRequest:
     __slots__ = ("blob", "views", "slot", "speculative", "urgent", "state", "event", "error",
-                 "bytes_read", "cancel_flag", "t_submit", "t_start", "t_done", "claimed", "step", "target_step")
+                 "bytes_read", "cancel_flag", "t_submit", "t_start", "t_done", "claimed", "step", "buffer")
 
     def __init__(self, blob, views, slot, speculative=False):
         self.blob, self.views, self.slot = blob, views, slot
@@ -53,8 +53,9 @@ class ReadRequest:
         self.bytes_read = 0
         self.cancel_flag = False
         self.t_submit = self.t_start = self.t_done = 0
-        self.claimed = None  # for speculation: None (not yet), "late", "timely"
+        self.claimed = None  # for speculation: None (not yet) or "late" (claimed while in flight)
         self.step = 0
+        self.buffer = None  # staged slot writes: the host buffer the read lands in
 
     @property
     def finished(self) -> bool:
@@ -62,7 +63,7 @@ class ReadRequest:
 
 
 class IOScheduler:
-    def __init__(self, reader, workers: int = 8, reserved: int = 2, on_done=None, inline_below: int = 256 * 1024):
+    def __init__(self, reader, workers: int = 8, reserved: int = 2, inline_below: int = 256 * 1024):
         if workers < 1:
             raise ValueError(f"io workers must be >= 1, got {workers}")
         if not 0 <= reserved <= workers:
@@ -71,7 +72,6 @@ class IOScheduler:
         self.urgent: deque = deque()
         self.spec: deque = deque()
         self.cv = threading.Condition()
-        self.on_done = on_done
         self.inline_below = inline_below
         self._stop = False
         self.workers = workers
@@ -85,7 +85,10 @@ class IOScheduler:
         req.t_submit = time.perf_counter_ns()
         with self.cv:
             (self.urgent if req.urgent else self.spec).append(req)
-            self.cv.notify()
+            if req.urgent:
+                self.cv.notify()
+            else:  # one notify could wake only a worker reserved for urgent reads, which goes back to sleep
+                self.cv.notify_all()
         return req
 
     def submit_many(self, reqs) -> None:
@@ -148,8 +151,6 @@ class IOScheduler:
             req.state = state
             req.t_done = time.perf_counter_ns()
             req.event.set()
-        if self.on_done is not None:
-            self.on_done(req)
 
     def close(self):
         with self.cv:

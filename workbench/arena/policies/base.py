@@ -57,6 +57,11 @@ class Policy:
     def access(self, key: int, speculative: bool = False) -> None:
         raise NotImplementedError
 
+    def access_many(self, keys) -> None:
+        """Demand hits on ``keys``, in order (one call per layer on the engine's hot path)."""
+        for key in keys:
+            self.access(key)
+
     def remove(self, key: int) -> None:
         raise NotImplementedError
 

@@ -14,6 +14,9 @@ class FIFO(LRU):
         if speculative:  # first claim of a prefetch: it enters the queue now, as a demand admit would
             self._od.move_to_end(key)
 
+    def access_many(self, keys):
+        pass
+
     def replay(self, keys, token_end=None):
         """Fast demand-only replay (same result as ``Policy.replay``)."""
         _token_ends(token_end, len(keys))

@@ -22,6 +22,11 @@ class LRU(Policy):
     def access(self, key, speculative=False):
         self._od.move_to_end(key)
 
+    def access_many(self, keys):
+        move = self._od.move_to_end
+        for key in keys:
+            move(key)
+
     def remove(self, key):
         self._od.pop(key, None)
 

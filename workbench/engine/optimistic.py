@@ -1,0 +1,131 @@
+"""Verified optimistic decode: a whole token with no host sync per MoE layer.
+
+Each MoE layer maps its expert ids to slots through a device table (``Arena.lut``) in which
+every expert that is not published points at the placeholder slot, and records its ids. One
+sync at the end of the token brings every layer's ids to the host, which checks them against
+the table it uploaded. Layers before the first miss were computed on exact inputs with exact
+weights: they are settled (claims, counters, policy touches, hooks, trace rows) in layer order,
+exactly as per-layer decode would. At the first missed layer L the engine claims L's experts
+(reading the misses), reads the perturbed pass's predictions for the later layers (the
+*successors*, speculative, waited for), rolls the KV caches of layers >= L back one position and
+recomputes from L's saved input. The output is exact by construction.
+
+``Controller`` picks per token between this and per-layer decode from the recent miss pattern,
+with a fixed cost model (never from timings, so residency never depends on timing).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+
+class Controller:
+    """Per-token choice of decode mode.
+
+    Cost in units of one layer's compute: per-layer decode pays a host sync per MoE layer
+    (``sync`` layers each); an optimistic token pays one sync and, per recompute, a sync plus on
+    average half the layers again. ``recomputes`` is a moving average of recomputes per token
+    (observed in optimistic mode; in per-layer mode, the number of layers that missed, an upper
+    bound). Per-layer mode probes optimistic decode every ``probe`` tokens.
+    """
+
+    def __init__(self, mode="auto", n_layers=1, sync=1.0, probe=16, decay=0.75):
+        if mode not in ("auto", "optimistic", "layer"):
+            raise ValueError(f"unknown decode mode {mode!r}; valid: auto, optimistic, layer")
+        self.mode, self.n, self.sync, self.probe, self.decay = mode, n_layers, sync, probe, decay
+        self.recomputes = 0.0
+        self._since_probe = 0
+
+    def optimistic(self) -> bool:
+        if self.mode != "auto":
+            return self.mode == "optimistic"
+        per_layer = self.n * (1 + self.sync)
+        optimistic = self.n + self.sync + self.recomputes * (self.sync + self.n / 2)
+        if optimistic <= per_layer:
+            return True
+        self._since_probe += 1
+        if self._since_probe >= self.probe:
+            self._since_probe = 0
+            return True
+        return False
+
+    def observe(self, recomputes: int) -> None:
+        self.recomputes = self.decay * self.recomputes + (1 - self.decay) * recomputes
+
+
+class OptimisticPass:
+    """State of one optimistic token while the model runs (the engine's ``_opt``)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.start = 0  # first decoder layer computed in this pass; earlier ones return saved outputs
+        self.saved: dict[int, object] = {}  # decoder layer -> its output in the latest pass
+        self.ids: dict[int, mx.array] = {}  # MoE layer -> expert ids recorded in this pass
+        self.lut: dict[int, mx.array] = {}
+        self.logits: dict[int, mx.array] = {}  # MoE layer -> router logits (lazy), for traces and hooks
+        self.moe_in: dict[int, mx.array] = {}
+        self.attempt = 0  # recomputes so far
+        self.step = engine.step
+
+    def layer(self, index, layer, x, args, kwargs):
+        if index < self.start:
+            return self.saved[index]
+        out = layer(x, *args, **kwargs)
+        self.saved[index] = out
+        return out
+
+    def experts(self, layer, inner, x, indices):
+        self.ids[layer] = indices
+        return inner(x, self.lut[layer][indices])
+
+    def upload(self, arena, layers) -> None:
+        """Device copies of the expert->slot rows, rebuilt only when residency changed."""
+        if getattr(self, "_version", None) == arena.version:
+            return
+        table = mx.array(arena.lut[layers].astype(np.uint32))
+        self.lut = {layer: table[i] for i, layer in enumerate(layers)}
+        self._version = arena.version
+
+
+def first_miss(lut: np.ndarray, placeholder: int, layers, ids: np.ndarray):
+    """Index (into ``layers``) of the first layer whose ids were not all published, or None."""
+    if len(layers) == 0:
+        return None
+    missed = (lut[np.asarray(layers, dtype=np.int64)[:, None], ids] == placeholder).any(axis=1)
+    hit = np.flatnonzero(missed)
+    return int(hit[0]) if hit.size else None
+
+
+def can_rewind(cache) -> bool:
+    return all(c.is_trimmable() for c in cache)
+
+
+class Rewind:
+    """Roll the KV caches back one position for a recompute from decoder layer ``start``.
+
+    Every cache is trimmed while the recompute's graph is built, so model-level code that reads
+    ``cache[0]`` (masks, positions) sees the offsets it saw the first time; the skipped layers'
+    cursors are put back afterwards (their entries for this token are exact and kept)."""
+
+    def __init__(self, cache, start):
+        self.cache, self.start = cache, start
+
+    def __enter__(self):
+        self.cursors = [_cursor(c) for c in self.cache[: self.start]]
+        for c in self.cache:
+            c.trim(1)
+        return self
+
+    def __exit__(self, *exc):
+        for c, cur in zip(self.cache, self.cursors):
+            _set_cursor(c, cur)
+
+
+def _cursor(c):
+    return {k: getattr(c, k) for k in ("offset", "_idx") if hasattr(c, k)}
+
+
+def _set_cursor(c, cur):
+    for k, v in cur.items():
+        setattr(c, k, v)
