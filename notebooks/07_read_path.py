@@ -94,7 +94,7 @@ def render(mode, n_threads, cold):
     df["share_of_sequential"] = df["gbps"] / seq
     best = df[df.method != "sequential"]["share_of_sequential"].max()
     sub = f"{m.expert_bytes / 1e6:.3f} MB blobs, {len(m.blobs)} of them; grey: one sequential read of the same file"
-    return [("read_path_live", wb.readpath_chart(df, subtitle=sub)),
+    return [("read_path_live", wb.readpath_chart(df, title=f"Read path, live: {mode}, {n_threads} threads", subtitle=sub)),
             f"Best store read: **{best:.0%}** of the sequential read ({seq:.2f} GB/s) in mode `{mode}`."]
 
 

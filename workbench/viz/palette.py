@@ -57,7 +57,7 @@ def color_of(name) -> str:
         return NAMED[name]
     m = re.fullmatch(r"(?:layer\s*)?(\d+)", name)
     if m:
-        return PALETTE[int(m.group(1)) % len(PALETTE)]
+        return (PALETTE + SPARE)[int(m.group(1)) % (len(PALETTE) + len(SPARE))]
     return SPARE[zlib.crc32(name.encode()) % len(SPARE)]
 
 
