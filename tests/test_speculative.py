@@ -102,8 +102,10 @@ def test_reference_draft_through_the_cli_matches_plain_streaming(capsys):
     assert sp["accepted"] > 0 and sp["verify_passes"] < 20  # the trained draft agrees often
     assert sp["bytes_read_per_pass"] > outs["plain"]["stats"]["bytes_per_token"]
     assert outs["spec"]["config"]["draft_model"] == str(DRAFT) and outs["spec"]["config"]["num_draft_tokens"] == 3
-    assert main(["run", str(REFERENCE), "-p", "x", "--max-tokens", "3", "--draft-model", str(DRAFT)]) == 0
-    assert "acceptance" in capsys.readouterr().out
+    assert main(["run", str(REFERENCE), "-p", "x", "--max-tokens", "3", "--draft-model", str(DRAFT),
+                 "--compare-plain"]) == 0
+    out = capsys.readouterr().out
+    assert "acceptance" in out and "vs plain streaming" in out
 
 
 def test_draft_with_another_vocabulary_is_refused(tiny, capsys):

@@ -85,6 +85,8 @@ def add_generation_args(p):
     g.add_argument("--extra-eos-token", nargs="+", default=(), help="more tokens (strings or ids) that stop generation")
     g.add_argument("--draft-model", default=None, help="mlx-lm model directory (or cached HF repo id) to draft with")
     g.add_argument("--num-draft-tokens", type=int, default=3, help="tokens drafted per verify pass")
+    g.add_argument("--compare-plain", action="store_true",
+                   help="with --draft-model: also run plain streaming on a fresh engine and report both")
 
 
 def cmd_run(args) -> int:
@@ -131,6 +133,13 @@ def cmd_run(args) -> int:
         res, timing = gen.timed(run, len(ids))
         text = gen.decode(tok, res.tokens, eos)
         config = gen.run_config(eng, name, ids, args)
+    if draft is not None and args.compare_plain:  # a fresh engine, so neither run inherits a warm arena
+        with open_engine(args, progress=False) as plain:
+            base = plain.generate(ids, max_tokens=args.max_tokens, sampler=sampler, eos_token_ids=eos).stats
+        sp = res.stats["speculative"]
+        sp["plain"] = {"tokens_per_s": base["tokens_per_s"], "bytes_per_token": base["bytes_per_token"],
+                       "hit_rate": base["hit_rate"], "speedup": res.stats["tokens_per_s"] / base["tokens_per_s"]
+                       if base["tokens_per_s"] else None}
     stats = res.stats
     if not gen.page_cache_applies(args.io_mode):
         stats["page_cache_hits"] = stats["prefill"]["page_cache_hits"] = None
@@ -162,6 +171,11 @@ def speculative_table(s: dict) -> str:
                             f"{sp['bytes_read_per_pass'] / 1e6:.3f} MB"),
         ("draft / verify", f"{sp['draft_s']:.3f} s / {sp['verify_s']:.3f} s"),
     ]
+    if "plain" in sp:
+        pl = sp["plain"]
+        rows.append(("vs plain streaming", f"{s['tokens_per_s']:.2f} vs {pl['tokens_per_s']:.2f} tokens/s "
+                                           f"({pl['speedup']:.2f}x, one run each), {s['bytes_per_token'] / 1e6:.3f} vs "
+                                           f"{pl['bytes_per_token'] / 1e6:.3f} MB/token"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
