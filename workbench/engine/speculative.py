@@ -4,6 +4,7 @@ that reads the union of the drafted tokens' experts."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 
 import mlx.core as mx
@@ -136,6 +137,7 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
         raise ValueError("speculative decoding needs trimmable KV caches (plain attention models)")
     target = _TargetPasses(engine, ids)
     tokens, pass_times, passes = [], [], []
+    residency = hashlib.sha256()
     draft_s = 0.0
     bar = tqdm(total=max_tokens, desc="speculative", unit="tok",
                disable=not (engine.progress if progress is None else progress))
@@ -162,6 +164,7 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
             mx.eval(verified)
             t2 = time.perf_counter()
             target.end_pass()
+            residency.update(repr(engine.arena.residency_signature()).encode())
             drafts, verified = drafts.tolist(), verified.tolist()
             n = 0
             while n < n_draft and verified[n] == drafts[n]:
@@ -184,11 +187,11 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
     finally:
         bar.close()
         target.close()
-    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens),
+    return Result(tokens, ids, _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, residency.hexdigest()),
                   engine.counters.frame(), None, None, pass_times)
 
 
-def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens) -> dict:
+def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens, residency_hash) -> dict:
     """The engine's stats shape over the verify passes, plus what speculation did per pass."""
     stats = summarize(engine.counters.totals("verify"))
     stats["prefill"] = summarize(engine.counters.totals("prefill"))
@@ -202,7 +205,7 @@ def _spec_stats(engine, passes, pass_times, tokens, num_draft_tokens) -> dict:
                  tokens_per_s=len(tokens) / total_s if total_s > 0 else 0.0,
                  median_token_ms=1e3 * total_s / max(1, len(tokens)),
                  arena_slots=engine.n_slots, routed_experts=engine.m.n_routed, expert_bytes=engine.m.expert_bytes,
-                 residency_hash="", slot_writes=engine.arena.writes, device=str(mx.default_device()))
+                 residency_hash=residency_hash[:16], slot_writes=engine.arena.writes, device=str(mx.default_device()))
     stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
     stats["speculative"] = {
         "num_draft_tokens": num_draft_tokens, "verify_passes": len(passes), "drafted": drafted, "accepted": accepted,
