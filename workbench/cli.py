@@ -79,7 +79,8 @@ def add_generation_args(p):
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
     g.add_argument("--min-p", type=float, default=0.0, help="min-p sampling")
     g.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
-    g.add_argument("--seed", type=int, default=None, help="PRNG seed, set where mlx_lm generate sets it (before the models are built)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="PRNG seed, set where mlx_lm generate sets it (before the models are built)")
     g.add_argument("--system-prompt", default=None, help="system message for the chat template")
     g.add_argument("--ignore-chat-template", action="store_true", help="use the raw prompt without the chat template")
     g.add_argument("--extra-eos-token", nargs="+", default=(), help="more tokens (strings or ids) that stop generation")
@@ -118,8 +119,8 @@ def cmd_run(args) -> int:
             if tok is None:
                 raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
             args.chat_template_used = gen.uses_chat_template(tok, args.ignore_chat_template)
-            ids = eng.encode(gen.build_prompt(tok, args.prompt if args.raw_prompt else gen.read_prompt(args.prompt), args.system_prompt,
-                                              args.ignore_chat_template))
+            prompt_text = args.prompt if args.raw_prompt else gen.read_prompt(args.prompt)
+            ids = eng.encode(gen.build_prompt(tok, prompt_text, args.system_prompt, args.ignore_chat_template))
         else:
             ids = eng.encode(args.prompt_ids)
         eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)

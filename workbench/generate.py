@@ -64,7 +64,8 @@ def load_draft_model(name):
     try:
         return load_model(path)
     except (ValueError, FileNotFoundError) as e:
-        raise ModelError(f"--draft-model {path} cannot be loaded by mlx-lm ({e}); give an mlx-lm model directory") from None
+        raise ModelError(f"--draft-model {path} cannot be loaded by mlx-lm ({e}); "
+                         "give an mlx-lm model directory") from None
 
 
 def check_draft(draft, target_config: dict):
