@@ -115,10 +115,11 @@ def cmd_run(args) -> int:
     with open_engine(args, progress=not args.json) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)
+        chat = False
         if args.prompt is not None:
             if tok is None:
                 raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
-            args.chat_template_used = gen.uses_chat_template(tok, args.ignore_chat_template)
+            chat = gen.uses_chat_template(tok, args.ignore_chat_template)
             prompt_text = args.prompt if args.raw_prompt else gen.read_prompt(args.prompt)
             ids = eng.encode(gen.build_prompt(tok, prompt_text, args.system_prompt, args.ignore_chat_template))
         else:
@@ -133,7 +134,7 @@ def cmd_run(args) -> int:
                                        eos_token_ids=eos)
         res, timing = gen.timed(run, len(ids))
         text = gen.decode(tok, res.tokens, eos)
-        config = gen.run_config(eng, name, ids, args)
+        config = gen.run_config(eng, name, ids, args, chat)
     if draft is not None and args.compare_plain:  # a fresh engine, so neither run inherits a warm arena
         with open_engine(args, progress=False) as plain:
             base = plain.generate(ids, max_tokens=args.max_tokens, sampler=sampler, eos_token_ids=eos).stats

@@ -189,7 +189,7 @@ def timed(run, prompt_tokens: int):
                        mx.get_peak_memory() / 1e9)
 
 
-def run_config(engine, model, prompt_ids, args) -> dict:
+def run_config(engine, model, prompt_ids, args, chat_template: bool) -> dict:
     """What ``--json`` echoes: the run's configuration and the software versions."""
     return {
         "model": str(model), "store": str(engine.root),
@@ -200,9 +200,8 @@ def run_config(engine, model, prompt_ids, args) -> dict:
         "prompt_tokens": len(prompt_ids), "max_tokens": args.max_tokens,
         "sampler": {"temp": args.temp, "top_p": args.top_p, "min_p": args.min_p, "top_k": args.top_k,
                     "seed": args.seed},
-        "chat_template": getattr(args, "chat_template_used", False),
-        "draft_model": getattr(args, "draft_model", None),
-        "num_draft_tokens": args.num_draft_tokens if getattr(args, "draft_model", None) else None,
+        "chat_template": chat_template, "draft_model": args.draft_model,
+        "num_draft_tokens": args.num_draft_tokens if args.draft_model else None,
         "versions": versions(),
     }
 
