@@ -127,3 +127,30 @@ def test_page_cache_hits_are_counted_apart(tiny):
         probe = eng.reader.page_cache
         blob = next(iter(eng.m.blobs.values()))
         assert probe.cached(blob.offset, blob.size) in (False, None)  # some filesystems ignore DONTNEED
+
+
+def test_optimistic_trace_and_hooks_equal_per_layer(tiny, tmp_path):
+    """Settled once per token from the device's records, the trace and the hook stream of optimistic
+    decode are those of per-layer decode (selected, weights, logits, resident sets, MoE inputs)."""
+    _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    frames, caches = {}, {}
+    for decode in ("optimistic", "layer"):
+        with Engine(store, arena="0.3", decode=decode, progress=False) as eng:
+            path = tmp_path / f"{decode}.parquet"
+            res, caches[decode] = run_with_cache(eng, PROMPT, names_filter=["layer.*", "cache.*"], max_tokens=8,
+                                                 trace=TraceRecorder(path, moe_input=True))
+            frames[decode] = read_trace(path).routes
+        if decode == "optimistic":
+            assert res.stats["recomputes"] > 0
+    a, b = frames["optimistic"], frames["layer"]
+    assert len(a) == len(b) and a[["step", "layer"]].equals(b[["step", "layer"]])
+    for col in ("selected", "resident"):
+        assert [list(x) for x in a[col]] == [list(x) for x in b[col]], col
+    for col in ("weights", "logits", "moe_input"):
+        np.testing.assert_allclose(np.stack(a[col].map(np.asarray)), np.stack(b[col].map(np.asarray)), atol=1e-3)
+    assert set(caches["optimistic"]) == set(caches["layer"])
+    for name in caches["layer"]:
+        x, y = caches["optimistic"][name], caches["layer"][name]
+        assert len(x) == len(y), name
+        if name.endswith("experts.selected"):
+            assert all(np.array_equal(u.reshape(-1), v.reshape(-1)) for u, v in zip(x, y)), name

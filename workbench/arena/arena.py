@@ -34,7 +34,6 @@ from .policies import make_policy
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
 _DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloat16": mx.bfloat16,
            "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
-_NUMPY = {k: np.dtype("uint16" if k == "bfloat16" else k) for k in _DTYPES}
 
 
 WRITE_MODES = ("direct", "staged")
@@ -110,8 +109,18 @@ class Arena:
     def is_mapped(self, layer: int, expert: int) -> bool:
         return layer * self.E + expert in self.smap
 
-    def residency_signature(self) -> tuple:
-        return tuple(sorted(k for k, s in self.smap.items() if self.published[s]))
+    def residency_signature(self) -> bytes:
+        """The published residency set, as a bit mask over (layer, expert)."""
+        return np.packbits(self.lut != self.placeholder).tobytes()
+
+    def settle_hits(self, layers, ids) -> None:
+        """What ``at_layer`` + ``release`` + ``after_layer`` do, layer after layer, when every wanted
+        expert is published and no speculation is open (one token's ids per layer: distinct)."""
+        keys = np.asarray(layers, dtype=np.int64)[:, None] * self.E + np.sort(ids, axis=1)
+        for layer in layers:
+            self.counters.row(self.step, layer)["hits"] += ids.shape[1]
+        self.policy.access_many(keys.reshape(-1).tolist())
+        self.gen += len(layers)
 
     # ---- demand path -------------------------------------------------------------------
     def at_layer(self, layer: int, experts) -> np.ndarray:
@@ -272,19 +281,17 @@ class Arena:
 
     # ---- slot writes -------------------------------------------------------------------
     def flush(self) -> None:
-        """Staged writes: copy claimed reads into their slots (lazy MLX scatters, one per tensor,
-        ordered on the device stream before any compute that reads those slots)."""
+        """Staged writes: copy claimed reads into their slots: one host->device copy of the reads,
+        then one lazy scatter per tensor, ordered on the device stream before any compute that
+        reads those slots."""
         if not self._staged:
             return
+        n = len(self._staged)
         idx = mx.array([s for s, _ in self._staged], dtype=mx.uint32)
+        rows = mx.array(np.stack([buf for _, (buf, _) in self._staged]))  # [n, expert bytes] uint8
         for t, off in zip(self.m.tensors, self._offsets()):
-            dt = _NUMPY[t.dtype]
-            rows = np.stack([np.frombuffer(buf, dtype=dt, count=t.nbytes // dt.itemsize, offset=off)
-                             for _, (buf, _) in self._staged]).reshape(len(self._staged), *t.shape)
-            value = mx.array(rows)
-            if t.dtype == "bfloat16":
-                value = value.view(mx.bfloat16)
-            self.tensors[t.name][idx] = value
+            part = mx.contiguous(rows[:, off:off + t.nbytes])
+            self.tensors[t.name][idx] = part.view(_DTYPES[t.dtype]).reshape(n, *t.shape)
         for _, buffer in self._staged:
             self._buffers.append(buffer)
         self._staged.clear()

@@ -55,6 +55,13 @@ def parse_device(device):
     return mx.gpu if name == "gpu" else mx.cpu
 
 
+def to_numpy(a, dtype=np.float32) -> np.ndarray:
+    """An MLX array (or one already brought to the host) as numpy."""
+    if isinstance(a, np.ndarray):
+        return a.astype(dtype, copy=False)
+    return np.array(a.astype(mx.float32)).astype(dtype, copy=False)
+
+
 def _cuda_available() -> bool:
     cuda = getattr(mx, "cuda", None)
     return bool(cuda is not None and cuda.is_available())
@@ -268,7 +275,7 @@ class Engine(SpeculativeMixin):
                         ahead = self._launch(p.y, step + 1, cache)
                     self._begin_step(step, "decode", None)
                     logits, ahead = self._finish(p, cache, ahead)
-                    y = p.y
+                    y, token = p.y, p.token
                 else:
                     self._begin_step(step, "decode", None)
                     self._moe_in, self._logits = {}, {}
@@ -276,9 +283,10 @@ class Engine(SpeculativeMixin):
                     y = self._sample(logits, sampler)
                     self._check_finite(logits, y)
                     self.controller.observe(self._layers_missed())
+                    token = int(y[0])
                 times.append(time.perf_counter() - t0)
-                tokens.append(int(y[0]))
-                residency.update(repr(self.arena.residency_signature()).encode())
+                tokens.append(token)
+                residency.update(self.arena.residency_signature())
                 self.arena.policy.tick()
                 if self.hooks.active:
                     self.hooks.fire("token.end", tokens[-1], step=self.step, counters=self.counters.rows)
@@ -323,7 +331,7 @@ class Engine(SpeculativeMixin):
         p = OptimisticPass(self)
         p.step = step
         self._run_pass(p, y, cache)
-        mx.async_eval(p.y, p.ids_all, p.finite)
+        mx.async_eval(p.host, *getattr(p, "record", []))
         return p
 
     def _run_pass(self, p, y, cache):
@@ -338,24 +346,33 @@ class Engine(SpeculativeMixin):
         p.y = mx.argmax(logits, axis=-1)
         computed = [layer for layer in self.m.moe_layers if layer >= p.start]
         p.computed = computed
-        p.ids_all = mx.concatenate([p.ids[layer].reshape(-1) for layer in computed])
-        p.finite = mx.all(mx.isfinite(logits))
+        finite = mx.all(mx.isfinite(logits)).astype(mx.uint32).reshape(1)
+        # one array, one transfer: every layer's ids, then the finite flag, then the token
+        p.host = mx.concatenate([p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed]
+                                + [finite, p.y.astype(mx.uint32)])
+        if self.recorder is not None:  # what the trace keeps, converted on the device in the same pass
+            p.record = [mx.concatenate([d[layer].reshape(-1).astype(mx.float32) for layer in computed])
+                        for d in (p.logits, p.moe_in) if all(layer in d for layer in computed)]
 
     def _finish(self, p, cache, ahead):
         """Verify ``p`` (one sync), settle its layers, recover from misses; returns (logits, ahead).
         ``ahead`` (the next token, already running) is discarded if this token has to recompute."""
         k = self.top_k
-        self._logits, self._moe_in = p.logits, p.moe_in
         self.counters.row(self.step, self.m.moe_layers[0])["optimistic"] += 1
         settled, t0 = 0, time.perf_counter_ns()
         while True:
-            ids = np.array(p.ids_all).reshape(-1, k)
+            host = np.array(p.host)
+            ids, p.finite_ok, p.token = host[:-2].reshape(-1, k), bool(host[-2]), int(host[-1])
             layers = p.computed
+            self._host_values(p, layers)
             skip = settled - (len(self.m.moe_layers) - len(layers))  # layers of this pass already settled
             miss = first_miss(self.arena.lut, self.arena.placeholder, layers[skip:], ids[skip:])
             stop = len(layers) if miss is None else skip + miss
-            for j in range(skip, stop):
-                self._settle(layers[j], ids[j])
+            if self.hooks.active or self.recorder is not None or self.planner is not None or self.arena.spec:
+                for j in range(skip, stop):
+                    self._settle(layers[j], ids[j])
+            else:
+                self.arena.settle_hits(layers[skip:stop], ids[skip:stop])
             settled += stop - skip
             if miss is None:
                 break
@@ -374,14 +391,25 @@ class Engine(SpeculativeMixin):
             p.start, p.attempt = layer, p.attempt + 1
             with Rewind(cache, layer):
                 self._run_pass(p, p.input, cache)
-            mx.eval(p.y, p.ids_all, p.finite)
+            mx.eval(p.host, *getattr(p, "record", []))
             self.arena.release()
             self.arena.after_layer()
         self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += time.perf_counter_ns() - t0
         self.arena.unexpose()
         self.controller.observe(p.attempt)
-        self._check_finite(p.out, p.y, p.finite)
+        if not p.finite_ok:
+            self._check_finite(p.out, p.y)
         return p.out, ahead
+
+    def _host_values(self, p, layers):
+        """The trace's logits and MoE inputs of this pass, as numpy, from the one device array each."""
+        self._logits, self._moe_in = p.logits, p.moe_in
+        if self.recorder is None:
+            return
+        for d, flat in zip((p.logits, p.moe_in), (np.array(r) for r in p.record)):
+            parts = np.split(flat, np.cumsum([int(np.prod(d[layer].shape)) for layer in layers])[:-1])
+            for layer, part in zip(layers, parts):
+                d[layer] = part.reshape(d[layer].shape)
 
     def _settle(self, layer, ids, keep_pins=False):
         """What per-layer decode does at ``layer`` once its ids are known, in the same order."""
@@ -422,9 +450,8 @@ class Engine(SpeculativeMixin):
         rows = [self.counters.row(self.step, layer) for layer in self.m.moe_layers]
         return sum(1 for r in rows if r["sync_misses"] or r["prefetch_useful_late"])
 
-    def _check_finite(self, logits, y, finite=None):
-        ok = bool((mx.all(mx.isfinite(logits)) if finite is None else finite).item())
-        if ok:
+    def _check_finite(self, logits, y):
+        if bool(mx.all(mx.isfinite(logits)).item()):
             return
         raise EngineError(f"non-finite logits at decode step {self.step}: {self._first_nonfinite()}; "
                           "the output would be wrong (token 0), so the run stops")
@@ -572,7 +599,7 @@ class Engine(SpeculativeMixin):
         logits = self._logits.get(layer)
         if self.family is None or logits is None:
             return None
-        z = np.array(logits.astype(mx.float32)).reshape(-1, logits.shape[-1])
+        z = to_numpy(logits).reshape(-1, logits.shape[-1])
         return gate_weights(self.family, self.blocks[layer], z, ids.reshape(-1, ids.shape[-1]))
 
     def close(self):

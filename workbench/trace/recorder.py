@@ -6,10 +6,10 @@ import os
 import time
 from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 
 from .. import __version__
+from ..engine.engine import to_numpy
 from .schema import IO_COLUMNS, write_trace
 
 
@@ -61,7 +61,7 @@ class TraceRecorder:
             order = np.lexsort((ids, -w), axis=-1)  # strongest first, ties by id
             ids, w = np.take_along_axis(ids, order, -1), np.take_along_axis(w, order, -1)
         logits = engine._logits.get(layer)
-        logits = np.array(logits.astype(mx.float16)).reshape(n, -1) if logits is not None else None
+        logits = to_numpy(logits, np.float16).reshape(n, -1) if logits is not None else None
         phase = engine.counters.phase.get(engine.step, "decode")
         pos0 = engine._pos0
         c = self.cols
@@ -75,7 +75,7 @@ class TraceRecorder:
             c["logits"].append(None if logits is None else logits[t])
             c["resident"].append(list(resident_before))
         if self.moe_input:
-            x = np.array(engine._moe_in[layer].astype(mx.float16)).reshape(n, -1)
+            x = to_numpy(engine._moe_in[layer], np.float16).reshape(n, -1)
             c["moe_input"].extend(list(x))
         for src, cands in (engine.planner.candidates(layer) if engine.planner is not None else {}).items():
             c.setdefault(f"pred_{src}", [None] * (len(c["step"]) - n)).extend(cands)
