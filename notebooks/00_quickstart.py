@@ -39,6 +39,7 @@ from workbench.cli import summary_table
 from workbench.engine.engine import Engine
 from workbench.hooks import run_with_hooks
 from workbench.viz import widgets as wb
+from workbench.viz.headline import headline
 
 wb.setup()
 load_all()
@@ -55,6 +56,12 @@ with Engine.open(model_dir, arena=arena, policy=policy) as eng:
     if res.text is not None:  # the model ships a tokenizer
         print(f"prompt (end): …{eng.tokenizer.decode(list(ids))[-160:]!r}\ncontinuation: {res.text[:300]!r}\n")
 print(summary_table(res.stats))
+headline("How often does the arena hit, and how fast does the streamed model decode?",
+         f"hit rate {res.stats['hit_rate']:.1%} with {res.stats['arena_slots']} of {res.stats['routed_experts']} "
+         f"experts resident; {res.stats['tokens_per_s']:.1f} tokens/s",
+         f"one prompt, {res.stats['tokens']} greedy tokens, policy {policy}, CPU; the live panel below moves "
+         "the arena and policy",
+         uncertainty="one run: the counters repeat exactly, tokens/s varies from run to run")
 
 # %% [markdown]
 # ## Hits, misses and bytes per token (live)

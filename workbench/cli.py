@@ -118,22 +118,114 @@ def open_engine(args, progress):
     return eng
 
 
+def add_generation_args(p):
+    """mlx-lm's generation flags (same names and defaults as ``mlx_lm generate``)."""
+    g = p.add_argument_group("generation (as mlx_lm generate)")
+    g.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    g.add_argument("--min-p", type=float, default=0.0, help="min-p sampling")
+    g.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off)")
+    g.add_argument("--seed", type=int, default=None,
+                   help="PRNG seed, set where mlx_lm generate sets it (before the models are built)")
+    g.add_argument("--system-prompt", default=None, help="system message for the chat template")
+    g.add_argument("--ignore-chat-template", action="store_true", help="use the raw prompt without the chat template")
+    g.add_argument("--extra-eos-token", nargs="+", default=(), help="more tokens (strings or ids) that stop generation")
+    g.add_argument("--draft-model", default=None, help="mlx-lm model directory (or cached HF repo id) to draft with")
+    g.add_argument("--num-draft-tokens", type=int, default=3, help="tokens drafted per verify pass")
+    g.add_argument("--compare-plain", action="store_true",
+                   help="with --draft-model: also run plain streaming on a fresh engine and report both")
+
+
 def cmd_run(args) -> int:
+    import mlx.core as mx
+
+    from . import generate as gen
+    from .engine.engine import resolve_store
+    from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
 
-    prompt = args.prompt_ids if args.prompt_ids is not None else args.prompt
-    if prompt is None:
-        raise ValueError("give --prompt TEXT or --prompt-ids 1,2,3")
+    name = args.model_flag or args.model
+    if name is None:
+        raise ValueError("give a model: workbench run MODEL_OR_STORE, or --model/-m MODEL_OR_STORE")
+    if args.model_flag and args.model and args.model_flag != args.model:
+        raise ValueError(f"two models given ({args.model} and --model {args.model_flag}); give one")
+    if args.prompt is None and args.prompt_ids is None:
+        raise ValueError("give --prompt/-p TEXT (- reads stdin) or --prompt-ids 1,2,3")
+    if args.draft_model and args.trace:
+        raise ValueError("--draft-model runs without --trace; drop one of them")
+    sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
+    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json))  # packs on first use
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
+    if args.seed is not None:  # where mlx_lm generate seeds: building the models draws from the generator
+        mx.random.seed(args.seed)
     with open_engine(args, progress=not args.json) as eng:
-        res = eng.generate(prompt, max_tokens=args.max_tokens, trace=trace)
+        draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
+        tok = gen.tokenizer_of(eng)
+        chat = False
+        if args.prompt is not None:
+            if tok is None:
+                raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
+            chat = gen.uses_chat_template(tok, args.ignore_chat_template)
+            prompt_text = args.prompt if args.raw_prompt else gen.read_prompt(args.prompt)
+            ids = eng.encode(gen.build_prompt(tok, prompt_text, args.system_prompt, args.ignore_chat_template))
+        else:
+            ids = eng.encode(args.prompt_ids)
+        eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)
+        if draft is not None:
+            gen.check_draft(draft, eng.config)
+            run = lambda: speculative_generate(eng, draft[0], ids, args.max_tokens, args.num_draft_tokens,  # noqa: E731
+                                               sampler=sampler, eos_token_ids=eos)
+        else:
+            run = lambda: eng.generate(ids, max_tokens=args.max_tokens, trace=trace, sampler=sampler,  # noqa: E731
+                                       eos_token_ids=eos)
+        res, timing = gen.timed(run, len(ids))
+        text = gen.decode(tok, res.tokens, eos)
+        config = gen.run_config(eng, name, ids, args, chat)
+    if draft is not None and args.compare_plain:  # a fresh engine, so neither run inherits a warm arena
+        with open_engine(args, progress=False) as plain:
+            base = plain.generate(ids, max_tokens=args.max_tokens, sampler=sampler, eos_token_ids=eos).stats
+        sp = res.stats["speculative"]
+        sp["plain"] = {"tokens_per_s": base["tokens_per_s"], "bytes_per_token": base["bytes_per_token"],
+                       "hit_rate": base["hit_rate"], "speedup": res.stats["tokens_per_s"] / base["tokens_per_s"]
+                       if base["tokens_per_s"] else None}
+    stats = res.stats
+    if not gen.page_cache_applies(args.io_mode):
+        stats["page_cache_hits"] = stats["prefill"]["page_cache_hits"] = None
+    stats["peak_memory_gb"] = timing.peak_memory_gb
     if args.json:
-        print(json.dumps({"tokens": res.tokens, "text": res.text, "stats": res.stats}))
+        print(json.dumps({"tokens": res.tokens, "text": text, "stats": stats, "timing": timing.as_dict(),
+                          "finish_reason": "stop" if res.tokens and res.tokens[-1] in eos else "length",
+                          "config": config}))
     else:
-        if res.text is not None:
-            print(res.text)
-        print(summary_table(res.stats))
+        if text is not None:
+            print("=" * 10)
+            print(text)
+            print("=" * 10)
+        print(timing.summary())
+        print(summary_table(stats))
+        if "speculative" in stats:
+            print(speculative_table(stats))
     return 0
+
+
+def speculative_table(s: dict) -> str:
+    sp = s["speculative"]
+    rows = [
+        ("draft tokens", f"{sp['num_draft_tokens']} per pass, {sp['verify_passes']} verify passes, "
+                         f"{sp['tokens_per_pass']:.2f} tokens per pass"),
+        ("acceptance", f"{sp['accepted']} / {sp['drafted']} drafted tokens ({sp['acceptance']:.1%})"),
+        ("per verify pass", f"{sp['union_experts_per_pass']:.1f} experts claimed (union over the pass; "
+                            f"{sp['experts_per_plain_token']} per plain token), {sp['experts_read_per_pass']:.1f} read, "
+                            f"{sp['bytes_read_per_pass'] / 1e6:.3f} MB"),
+        ("draft / verify", f"{sp['draft_s']:.3f} s / {sp['verify_s']:.3f} s"),
+    ]
+    if "plain" in sp:
+        pl = sp["plain"]
+        rows.append(("vs plain streaming", f"{s['tokens_per_s']:.2f} vs {pl['tokens_per_s']:.2f} tokens/s "
+                                           f"({pl['speedup']:.2f}x, one run each), {s['bytes_per_token'] / 1e6:.3f} vs "
+                                           f"{pl['bytes_per_token'] / 1e6:.3f} MB/token"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def summary_table(s: dict) -> str:
@@ -143,7 +235,8 @@ def summary_table(s: dict) -> str:
         ("tokens/s", f"{s['tokens_per_s']:.2f} (median {s['median_token_ms']:.2f} ms/token)"),
         ("arena", f"{s['arena_slots']} of {s['routed_experts']} experts ({s['expert_bytes'] / 1e6:.3f} MB each)"),
         ("hits / misses", f"{s['hits']} / {s['misses']} (hit rate {s['hit_rate']:.1%}), {s['evictions']} evictions"),
-        ("page-cache hits", f"{s['page_cache_hits']} of the misses were already in the OS page cache"),
+        ("page-cache hits", "n/a (reads bypass the page cache)" if s["page_cache_hits"] is None
+                            else f"{s['page_cache_hits']} of the misses were already in the OS page cache"),
         ("bytes read", f"{s['bytes_read'] / 1e6:.2f} MB ({s['bytes_per_token'] / 1e6:.3f} MB/token)"),
         ("io wait / compute", f"{s['io_wait_s']:.3f} s / {s['compute_s']:.3f} s"),
         ("prefetch", ", ".join(f"{k} {v}" for k, v in pf.items())),
@@ -170,9 +263,11 @@ def cmd_demo(args) -> int:
         prompt = workload("code_heldout")[0]["text"]
     except ValueError:
         prompt = [1, 2, 3, 4, 5, 6, 7, 8]
-    args.model, args.prompt, args.prompt_ids = str(model), prompt, None
+    args.model, args.model_flag = str(model), None
+    args.prompt, args.prompt_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
     args.json, args.trace, args.trace_moe_input, args.trace_io = False, None, False, False
     print(f"demo: streaming {model} with a {args.arena} arena")
+    print(f"prompt:\n{prompt}" if isinstance(prompt, str) else f"prompt ids: {prompt}")
     rc = cmd_run(args)
     if rc == 0 and not args.no_report:
         try:
@@ -183,7 +278,8 @@ def cmd_demo(args) -> int:
         if not out.published:
             print(f"demo: every report notebook failed; {out} was left as it was", file=sys.stderr)
             return 1
-        print(f"report: {out}/index.html")
+        print(f"report: {out}/index.html (built with the reduced 'small' preset: its numbers check that "
+              "everything runs, they are not the measurements; the full report: workbench report --params full)")
     return rc
 
 
@@ -197,18 +293,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pack)
 
     p = sub.add_parser("run", help="generate with experts streamed through a bounded arena")
-    p.add_argument("model", metavar="MODEL_OR_STORE")
+    p.add_argument("model", metavar="MODEL_OR_STORE", nargs="?",
+                   help="mlx-lm model directory, workbench store, or Hugging Face repo id in the local cache")
+    p.add_argument("--model", "-m", dest="model_flag", metavar="MODEL_OR_STORE", help="the same, as a flag")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--prompt")
-    g.add_argument("--prompt-ids", type=parse_ids)
+    g.add_argument("--prompt", "-p", help="prompt text ('-' reads stdin); the chat template applies if there is one")
+    g.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, used as they are")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--trace", help="write a Parquet trace here")
     p.add_argument("--trace-moe-input", action="store_true", help="also record MoE inputs (lookahead analysis)")
     p.add_argument("--trace-io", action="store_true", help="also record the I/O event table")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--store", help="where to pack MODEL_DIR (default: the cache, $WORKBENCH_CACHE/stores)")
+    add_generation_args(p)
     add_engine_args(p)
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, raw_prompt=False)
 
     p = sub.add_parser("cache", help="the store cache: list | rm NAME... | path",
                        description="Stores packed by `workbench run MODEL_DIR` live in $WORKBENCH_CACHE/stores "
@@ -223,8 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--out", default="reports/demo")
     p.add_argument("--no-report", action="store_true")
+    add_generation_args(p)
     add_engine_args(p)
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, raw_prompt=True)
 
     for name in SUBCOMMAND_MODULES:
         try:

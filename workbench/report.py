@@ -3,7 +3,7 @@
 ``build_report(out, params=..., only=...)`` runs every ``notebooks/NN_*.ipynb`` headless
 (papermill, kernel named explicitly), then writes into ``out``::
 
-    index.html                    links to every page and figure, run status and timings
+    index.html                    per notebook: question, headline number, caveat, status; figures folded
     report.json                   the same, machine readable
     <nb>.html                     static page (nbconvert, no widget state, nothing remote)
     notebooks/<nb>.ipynb          the executed notebook
@@ -41,12 +41,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from workbench.fsutil import temp_dir
+from workbench.viz.headline import HEADLINE_MIME
 from workbench.viz.widgets import CHART_MIME, STATIC_ENV, spec_rows, spec_to_png, spec_to_svg
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"
 DEFAULT_KERNEL = "python3"
 DEFAULT_OUT = REPO / "reports" / "latest"
+# ipykernel logs "Kernel is running over TCP without encryption" on every start; the kernel only
+# listens on localhost for papermill, so keep its own log to errors (notebook output is untouched).
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 NB_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+$")
 
 # Parameter presets. "small" keeps CI fast on 2 cores (every notebook in seconds).
@@ -253,7 +257,7 @@ def execute_notebook(nb_path: Path, out_path: Path, parameters: dict | None = No
             pm.execute_notebook(
                 str(nb_path), str(out_path), parameters=parameters or {}, kernel_name=kernel,
                 progress_bar=False, request_save_on_cell_execute=False, cwd=cwd,
-                execution_timeout=timeout, log_output=False)
+                execution_timeout=timeout, log_output=False, extra_arguments=KERNEL_ARGS)
         except pm.PapermillExecutionError as e:
             error = f"cell {e.exec_count}: {e.ename}: {e.evalue}"
         except Exception as e:  # kernel died, timeout, bad notebook
@@ -280,6 +284,23 @@ def extract_charts(nb) -> list[dict]:
                 name = f"{name}_{seen[name]}"
             charts.append({"name": name, "title": rec.get("title", ""), "spec": rec["spec"], "cell": i})
     return charts
+
+
+def extract_headline(nb) -> dict:
+    """The notebook's headline (``workbench.viz.headline``, the last one wins); without one, the
+    question is the notebook's title and the headline says that none was recorded."""
+    found = None
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            rec = (out.get("data") or {}).get(HEADLINE_MIME)
+            if rec is not None:
+                found = json.loads(rec) if isinstance(rec, str) else dict(rec)
+    if found is not None:
+        return found
+    title = next((line.lstrip("#").strip() for cell in nb.cells if cell.cell_type == "markdown"
+                  for line in cell.source.splitlines() if line.startswith("#")), "")
+    title = re.sub(r"^\d\d\s*[·:.-]\s*", "", title)
+    return {"question": title, "value": None, "uncertainty": None, "caveat": None}
 
 
 _REMOTE = re.compile(
@@ -310,6 +331,10 @@ _TEMPLATE = r"""
 .wb-banner a { margin-right: 14px; }
 .wb-banner .wb-failed { color: #b00; font-weight: bold; }
 .wb-banner code { font-size: 12px; }
+.wb-reduced { background: #fff4d6; border: 1px solid #e0b84a; padding: 8px 14px; margin: 0 0 12px 0;
+  font-family: system-ui, sans-serif; font-size: 14px; }
+details.wb-code > summary { cursor: pointer; color: #666; font-family: system-ui, sans-serif; font-size: 12px;
+  margin: 2px 0 2px 8px; }
 /* static pages: wrap long code lines instead of clipping them; scroll wide tables */
 .jp-InputArea-editor .highlight pre, .jp-RenderedText pre { white-space: pre-wrap; overflow-wrap: anywhere; }
 .jp-InputArea-editor { overflow: visible; }
@@ -317,6 +342,11 @@ _TEMPLATE = r"""
 .jp-RenderedHTMLCommon table caption { caption-side: top; font-weight: bold; text-align: left; padding: 4px 0; }
 </style>
 {%- endblock extra_css -%}
+{% block input_group -%}
+<details class="wb-code"><summary>code</summary>
+{{ super() }}
+</details>
+{%- endblock input_group %}
 {% block data_widget_view scoped %}{% endblock data_widget_view %}
 {% block data_svg scoped -%}
 {%- set rec = output.data.get('application/vnd.workbench.chart+json') or {} -%}
@@ -372,6 +402,7 @@ class NotebookResult:
     page: str = ""
     notebook: str = ""
     charts: list = field(default_factory=list)  # [{"name","title","svg","png","spec","rows"}]
+    headline: dict = field(default_factory=dict)  # {"question","value","uncertainty","caveat"}
 
 
 @dataclass
@@ -383,6 +414,7 @@ class Report:
     kernel: str
     notebooks: list = field(default_factory=list)
     published: bool = True  # False when every notebook failed: ``out`` was left as it was
+    preset: str | None = None  # a reduced preset (e.g. "small") the report was built with, else None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -394,14 +426,30 @@ class Report:
         return self.out
 
 
-def _banner(res: NotebookResult) -> str:
+def reduced_preset(preset, params: dict) -> str | None:
+    """The name of the reduced preset a report runs with (None for the notebooks' own defaults)."""
+    if preset is not None and preset != "full":
+        return str(preset)
+    return "small" if params.get("all", {}).get("small") else None
+
+
+def _reduced_banner(preset: str | None) -> str:
+    if not preset:
+        return ""
+    return (f"<div class='wb-reduced'><b>Reduced preset &ldquo;{html.escape(preset)}&rdquo;.</b> The notebooks ran "
+            "with fewer tokens, layers and configurations so that the report builds in seconds; its numbers "
+            "check that everything runs, they are not the measurements. Build the full report with "
+            "<code>workbench report --params full</code>.</div>")
+
+
+def _banner(res: NotebookResult, preset: str | None = None) -> str:
     status = ("<span class='wb-failed'>FAILED: " + html.escape(res.error) + "</span>") if not res.ok else "ok"
     params = ", ".join(f"{k}={v!r}" for k, v in res.parameters.items()) or "defaults"
     return (f"<div class='wb-banner'><a href='index.html'>&larr; report index</a>"
             f"<a href='notebooks/{res.name}.ipynb'>executed notebook</a>"
             f"<b>{html.escape(res.name)}</b> &middot; {status} &middot; {res.seconds:.1f} s &middot; "
             f"parameters: <code>{html.escape(params)}</code> &middot; "
-            f"{len(res.charts)} figure(s)</div>")
+            f"{len(res.charts)} figure(s)</div>" + _reduced_banner(preset))
 
 
 def _write_figures(nb_name: str, charts: list[dict], root: Path) -> list[dict]:
@@ -420,43 +468,61 @@ def _write_figures(nb_name: str, charts: list[dict], root: Path) -> list[dict]:
     return written
 
 
+def _headline_html(h: dict) -> str:
+    question = html.escape(h.get("question") or "")
+    if h.get("value"):
+        unc = f" <span class='unc'>({html.escape(h['uncertainty'])})</span>" if h.get("uncertainty") else ""
+        value = f"<div class='value'>{html.escape(h['value'])}{unc}</div>"
+    else:
+        value = "<div class='value none'>no headline recorded (the notebook does not call headline())</div>"
+    caveat = f"<div class='caveat'><b>Caveat.</b> {html.escape(h['caveat'])}</div>" if h.get("caveat") else ""
+    return f"<div class='question'>{question}</div>{value}{caveat}"
+
+
 def _index_html(rep: Report, params: dict) -> str:
-    rows, sections = [], []
+    cards = []
     for r in rep.notebooks:
         status = "ok" if r.ok else f"<span class='failed'>FAILED</span> {html.escape(r.error)}"
-        rows.append(f"<tr><td><a href='{r.page}'>{html.escape(r.name)}</a></td><td>{status}</td>"
-                    f"<td class='num'>{r.seconds:.1f}</td><td class='num'>{len(r.charts)}</td>"
-                    f"<td><a href='{r.notebook}'>.ipynb</a></td></tr>")
         figs = "".join(
             f"<figure><a href='{c['svg']}'><img src='{c['png']}' alt='{html.escape(c['title'] or c['name'])}'></a>"
             f"<figcaption><b>{html.escape(c['title'] or c['name'])}</b><br>"
             f"<a href='{c['svg']}'>SVG</a> · <a href='{c['png']}'>PNG</a> · <a href='{c['spec']}'>spec</a>"
             f" · {c['rows']} rows</figcaption></figure>" for c in r.charts)
-        sections.append(f"<h2 id='{r.name}'><a href='{r.page}'>{html.escape(r.name)}</a></h2>"
-                        f"<div class='grid'>{figs or '<p>no figures</p>'}</div>")
+        cards.append(
+            f"<section class='card' id='{r.name}'><h2><a href='{r.page}'>{html.escape(r.name)}</a></h2>"
+            f"{_headline_html(r.headline)}"
+            f"<div class='meta'>{status} · {r.seconds:.1f} s · <a href='{r.notebook}'>executed notebook</a></div>"
+            f"<details><summary>{len(r.charts)} figure(s)</summary>"
+            f"<div class='grid'>{figs or '<p>no figures</p>'}</div></details></section>")
     status = "all notebooks ran" if rep.ok else "<span class='failed'>some notebooks failed</span>"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>MoE Streaming Workbench report</title>
 <style>
 body {{ font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 24px auto; max-width: 1200px;
   color: #222; padding: 0 16px; }}
-table {{ border-collapse: collapse; margin: 12px 0 24px 0; }}
-td, th {{ border-bottom: 1px solid #e3e3e3; padding: 4px 12px; text-align: left; }}
-td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
 .failed {{ color: #b00; font-weight: bold; }}
-.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 16px; }}
+.card {{ border: 1px solid #e3e3e3; padding: 10px 16px; margin: 0 0 14px 0; }}
+.card h2 {{ margin: 2px 0 6px 0; font-size: 18px; }}
+.question {{ color: #333; }}
+.value {{ font-size: 22px; font-weight: bold; margin: 6px 0; }}
+.value.none {{ font-size: 14px; font-weight: normal; color: #888; }}
+.unc {{ font-size: 14px; font-weight: normal; color: #555; }}
+.caveat {{ color: #555; font-size: 14px; }}
+.meta {{ color: #666; font-size: 13px; margin: 6px 0; }}
+.wb-reduced {{ background: #fff4d6; border: 1px solid #e0b84a; padding: 8px 14px; margin: 0 0 16px 0; }}
+.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(360px, 1fr)); gap: 16px; margin-top: 8px; }}
 figure {{ margin: 0; border: 1px solid #e3e3e3; padding: 8px; background: #fff; }}
 figure img {{ max-width: 100%; height: auto; }}
 figcaption {{ font-size: 13px; color: #444; margin-top: 6px; }}
+summary {{ cursor: pointer; color: #444; }}
 code, pre {{ font-size: 12px; background: #f5f5f5; }}
 </style></head><body>
 <h1>MoE Streaming Workbench report</h1>
+{_reduced_banner(rep.preset)}
 <p>Created {html.escape(rep.created)} · kernel <code>{html.escape(rep.kernel)}</code> ·
 {rep.seconds:.1f} s · {status}</p>
-<table><tr><th>notebook</th><th>status</th><th>seconds</th><th>figures</th><th>executed</th></tr>
-{''.join(rows)}</table>
+{''.join(cards)}
 <details><summary>parameters</summary><pre>{html.escape(json.dumps(params, indent=1, default=str))}</pre></details>
-{''.join(sections)}
 </body></html>
 """
 
@@ -548,20 +614,21 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
         params = base
     else:
         params = load_params(params)
+    reduced = reduced_preset(preset, params)
     jobs = jobs or (2 if (os.cpu_count() or 1) >= 2 else 1)
     check_params(paths, params)
     ensure_kernelspec(kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(f".{out.name}.tmp-", out.parent)  # the umask's mode, not mkdtemp's 0700
     t0 = time.perf_counter()
-    rep = Report(out=str(out), ok=True, seconds=0.0, kernel=kernel,
+    rep = Report(out=str(out), ok=True, seconds=0.0, kernel=kernel, preset=reduced,
                  created=_dt.datetime.now().isoformat(timespec="seconds"))
     try:
         (tmp / "notebooks").mkdir()
         bar = tqdm(total=len(paths), desc="report", unit="notebook", disable=not progress)
         with kernel_env(static=True), _chdir(paths[0].parent), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(run_one, p, tmp, params_for(p, params), kernel=kernel, timeout=timeout)
-                       for p in paths]
+            futures = [pool.submit(run_one, p, tmp, params_for(p, params), kernel=kernel, timeout=timeout,
+                                   preset=reduced) for p in paths]
             for fut in futures:
                 res = fut.result()
                 bar.update(1)
@@ -583,7 +650,7 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
 
 
 def run_one(nb_path: Path, root: Path, parameters: dict, *, kernel: str = DEFAULT_KERNEL,
-            timeout: int = 600) -> NotebookResult:
+            timeout: int = 600, preset: str | None = None) -> NotebookResult:
     """Execute one notebook into ``root/notebooks`` and write its page and figures under ``root``."""
     import nbformat
 
@@ -599,5 +666,6 @@ def run_one(nb_path: Path, root: Path, parameters: dict, *, kernel: str = DEFAUL
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, executed)
     res.charts = _write_figures(name, extract_charts(nb), root)
-    (root / res.page).write_text(notebook_html(nb, banner=_banner(res)))
+    res.headline = extract_headline(nb)
+    (root / res.page).write_text(notebook_html(nb, banner=_banner(res, preset)))
     return res

@@ -1,8 +1,8 @@
 """One altair chart per analysis table (workbench.analysis.*).
 
 Every chart takes the tidy DataFrame its analysis returns, aggregates before plotting (so the
-inlined data stays small), and uses one colour scheme: ``color_scale`` maps predictor sources,
-policies and drafters to fixed colours, so a source keeps its colour across charts.
+inlined data stays small), and uses one colour scheme (``workbench.viz.palette``): a predictor source, policy or drafter
+keeps its colour across charts.
 Save with ``workbench.viz.render.save_chart``.
 """
 
@@ -12,23 +12,8 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-# Fixed colours for names that recur across charts (Tableau 10 based); others cycle PALETTE.
-PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
-NAMED_COLORS = {
-    "d=0": "#bab0ac", "d=1": "#4e79a7", "d=2": "#76b7b2", "d=3": "#59a14f", "d=4": "#edc948",
-    "prev_token": "#e15759", "oracle": "#9c755f",
-    "lru": "#4e79a7", "slru": "#76b7b2", "two_hit": "#f28e2b", "ds4": "#e15759", "static": "#59a14f",
-    "s3fifo": "#b07aa1", "lfu": "#edc948", "belady": "#000000", "knapsack": "#9c755f",
-    "draft_model": "#4e79a7", "ngram": "#f28e2b", "self_draft": "#e15759",
-    "False": "#4e79a7", "True": "#f28e2b",
-}
-
-
-def color_scale(domain) -> alt.Scale:
-    """A Scale giving each name its fixed colour (NAMED_COLORS) and the rest the palette in order."""
-    domain = [str(d) for d in domain]
-    spare = iter([c for c in PALETTE if c not in {NAMED_COLORS.get(d) for d in domain}] + PALETTE)
-    return alt.Scale(domain=domain, range=[NAMED_COLORS.get(d) or next(spare) for d in domain])
+from .palette import NAMED as NAMED_COLORS  # noqa: F401  (one palette for every chart)
+from .palette import PALETTE, color_scale, natural_key, natural_sorted
 
 
 def _title(text, subtitle=None):
@@ -40,7 +25,7 @@ def lookahead_chart(table: pd.DataFrame) -> alt.HConcatChart:
     """Left: recovery by layer per source (k' = k). Right: mean recovery vs candidates k' per source."""
     t = table.copy()
     t["source"] = t["source"].astype(str)
-    order = sorted(t["source"].unique(), key=lambda s: (s == "prev_token", s))
+    order = sorted(t["source"].unique(), key=lambda s: (s == "prev_token", natural_key(s)))
     sc = color_scale(order)
     base = t[t["k_pred"] == t["k"]]
     k = int(base["k"].iloc[0]) if len(base) else int(t["k"].iloc[0])
@@ -201,7 +186,7 @@ def precision_chart(table: pd.DataFrame) -> alt.Chart:
 
         t["precision"] = t["claimed"] / t["n"]
         t["ci_lo"], t["ci_hi"] = _wilson(t["claimed"], t["n"])
-    order = sorted(t["source"].astype(str).unique())
+    order = natural_sorted(t["source"].astype(str).unique())
     sc = color_scale(order)
     pts = alt.Chart(t).mark_line(point=True).encode(
         x=alt.X("rank:O", title="candidate rank (1 = best)", axis=alt.Axis(labelAngle=0)),
@@ -214,7 +199,7 @@ def precision_chart(table: pd.DataFrame) -> alt.Chart:
 
 def reliability_chart(table: pd.DataFrame) -> alt.Chart:
     """Reliability diagram: mean predicted q vs observed claim frequency per bin (size = count)."""
-    color = alt.Color("source:N", scale=color_scale(sorted(table["source"].unique())), title="predictor source") \
+    color = alt.Color("source:N", scale=color_scale(table["source"].unique(), sort=True), title="predictor source") \
         if "source" in table.columns else alt.value(PALETTE[0])
     diag = alt.Chart(pd.DataFrame({"q": [0.0, 1.0]})).mark_line(color="#888", strokeDash=[4, 3]).encode(x="q:Q", y="q:Q")
     pts = alt.Chart(table).mark_line(point=True).encode(
@@ -237,8 +222,7 @@ def hit_curve_chart(table: pd.DataFrame, x: str | None = None, y: str | None = N
                y=alt.Y(f"{y}:Q", title=y.replace("_", " "), axis=alt.Axis(format="%") if "rate" in y or "ratio" in y else alt.Axis()),
                tooltip=[x, y] + ([color] if color else []))
     if color:
-        dom = sorted(table[color].astype(str).unique())
-        enc["color"] = alt.Color(f"{color}:N", scale=color_scale(dom), title=color)
+        enc["color"] = alt.Color(f"{color}:N", scale=color_scale(table[color].astype(str).unique(), sort=True), title=color)
     return alt.Chart(table.astype({color: str}) if color else table, title=_title("Hit rate vs capacity")).mark_line(point=True).encode(
         **enc).properties(width=400, height=250)
 
@@ -252,7 +236,7 @@ def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
     t["row"] = t["id"] + " · " + t["method"].str.slice(0, 40)
     for c in ("ours", "low", "high"):
         t[f"{c}_ratio"] = t[c] / t["seed"]
-    sc = alt.Scale(domain=["reproduced", "differs"], range=[PALETTE[4], PALETTE[2]])
+    sc = color_scale(["reproduced", "differs"])
     y = alt.Y("row:N", title="claim · method", sort=list(t["row"]))
     bars = alt.Chart(t).mark_rule().encode(y=y, x="low_ratio:Q", x2="high_ratio:Q",
                                            color=alt.Color("verdict:N", scale=sc, title="verdict"))

@@ -82,8 +82,10 @@ def save_chart(chart: alt.TopLevelMixin, path_stem, formats: Iterable[str] = ("p
     stem = Path(path_stem)
     if stem.suffix in (".png", ".svg"):
         stem = stem.with_suffix("")
+    from .palette import apply_config
+
     with alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows):
-        spec = chart.to_dict()
+        spec = apply_config(chart.to_dict())
     vl_version = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
     kw = {"vl_version": vl_version} if vl_version in vlc.get_vegalite_versions() else {}
     out = []

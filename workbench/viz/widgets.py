@@ -32,9 +32,7 @@ from typing import Any, Callable, Mapping
 CHART_MIME = "application/vnd.workbench.chart+json"
 STATIC_ENV = "WORKBENCH_STATIC"
 
-# Colours that separate policies / configurations (Tableau 10, colour-blind friendly order).
-PALETTE = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2",
-           "#b279a2", "#eeca3b", "#9d755d", "#ff9da6", "#bab0ac"]
+from .palette import PALETTE, apply_config, color_of, color_scale  # noqa: F401  (one palette for every chart)
 
 
 def is_static() -> bool:
@@ -77,9 +75,9 @@ def chart_spec(chart) -> dict:
         ctx = None
     try:
         if ctx is None:
-            return chart.to_dict()
+            return apply_config(chart.to_dict())
         with ctx:
-            return chart.to_dict()
+            return apply_config(chart.to_dict())
     except Exception as e:  # altair's MaxRowsError and schema errors
         if type(e).__name__ == "MaxRowsError":
             raise ValueError(
@@ -528,7 +526,7 @@ def token_counters_chart(counters, title: str = "Arena per decoded token", subti
 
     g = per_token_counters(counters)
     long = g.melt(id_vars=["token"], value_vars=["hits", "misses"], var_name="lookup", value_name="experts")
-    scale = alt.Scale(domain=["hits", "misses"], range=[PALETTE[2], PALETTE[3]])
+    scale = color_scale(["hits", "misses"])
     bars = alt.Chart(long).mark_bar().encode(
         x=alt.X("token:O", title="decoded token (step)", axis=alt.Axis(labelAngle=0, labelOverlap=True)),
         y=alt.Y("experts:Q", title="expert lookups (count)", stack="zero"),
@@ -558,7 +556,7 @@ def compare_chart(df, config: str, metrics: list[str], title: str, subtitle: str
         x=alt.X(f"{config}:N", sort=order, title=None, axis=alt.Axis(labels=False, ticks=False)),
         y=alt.Y("value:Q", title=None),
         color=alt.Color(f"{config}:N", sort=order, title=config.replace("_", " "),
-                        scale=alt.Scale(range=PALETTE)),
+                        scale=color_scale(order)),
         column=alt.Column("metric:N", title=None, sort=[labels.get(m, m) for m in metrics],
                           header=alt.Header(labelFontWeight="bold", labelFontSize=12)),
         tooltip=[config, "metric", alt.Tooltip("value:Q", format=fmt)],
@@ -574,14 +572,12 @@ def outcome_chart(df, config: str, outcomes: list[str], title: str = "Prefetch o
     long = df.melt(id_vars=[config], value_vars=outcomes, var_name="outcome", value_name=value)
     long["outcome"] = long["outcome"].str.replace("_", " ")
     names = [o.replace("_", " ") for o in outcomes]
-    colors = {"useful timely": "#54a24b", "useful late": "#a0d47a", "completed unused": "#e45756",
-              "partially read": "#f58518", "cancelled before read": "#bab0ac"}
     order = list(dict.fromkeys(df[config]))
     return alt.Chart(long).mark_bar().encode(
         y=alt.Y(f"{config}:N", sort=order, title=None),
         x=alt.X(f"{value}:Q", title=f"prefetch {value} (count)", stack="zero"),
         color=alt.Color("outcome:N", sort=names, title="outcome",
-                        scale=alt.Scale(domain=names, range=[colors.get(n, "#999") for n in names])),
+                        scale=color_scale(names)),
         order=alt.Order("outcome_order:Q"),
         tooltip=[config, "outcome", f"{value}:Q"],
     ).transform_calculate(outcome_order=f"indexof({names!r}, datum.outcome)").properties(
@@ -601,7 +597,7 @@ def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit"
     t["kind"] = ["sequential limit" if m == "sequential" else ("store → slots" if m.startswith("store") else "single copy")
                  for m in t["method"]]
     order = list(dict.fromkeys(t["what"]))
-    scale = alt.Scale(domain=["sequential limit", "store → slots", "single copy"], range=["#bab0ac", PALETTE[0], PALETTE[1]])
+    scale = color_scale(["sequential limit", "store → slots", "single copy"])
     bars = alt.Chart(t).mark_bar().encode(
         y=alt.Y("what:N", sort=order, title=None),
         x=alt.X("gbps:Q", title="throughput (GB/s)"),
@@ -609,5 +605,5 @@ def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit"
         tooltip=["method", "mode", "threads", "cache", alt.Tooltip("gbps:Q", format=".3f"),
                  alt.Tooltip("share_of_sequential:Q", format=".0%")],
     ).properties(width=300, height=alt.Step(16))
-    return bars.facet(column=alt.Column("panel:N", title=None, header=alt.Header(labelFontWeight="bold"))).properties(
+    return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).properties(
         title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start"))

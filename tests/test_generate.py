@@ -1,0 +1,266 @@
+"""mlx-lm's generation interface on the streaming engine: sampling, EOS, prompts, chat templates,
+model resolution, and what ``workbench run`` prints."""
+
+import io
+import json
+import shutil
+
+import mlx.core as mx
+import pytest
+
+from conftest import resident_greedy
+from workbench import generate as gen
+from workbench.cli import main
+from workbench.data import REFERENCE
+from workbench.engine.engine import Engine
+from workbench.model import ModelError
+
+PROMPT = [5, 17, 3, 99, 42, 8, 77, 1, 64, 23, 11, 90, 31, 7, 56, 2, 88, 14, 70, 45]
+SAMPLING = [dict(temp=3.0), dict(temp=2.0, top_p=0.9, top_k=20), dict(temp=4.0, min_p=1e-4)]
+needs_reference = pytest.mark.skipif(not (REFERENCE / "config.json").exists(), reason="reference model not shipped")
+
+
+def resident_sampled(model_dir, prompt, max_tokens, seed, **sampling):
+    """mlx-lm's own generate_step with its own sampler, seeded right before generation."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(model_dir)
+    mx.random.seed(seed)
+    steps = generate_step(mx.array(prompt), model, max_tokens=max_tokens, sampler=gen.make_sampler(**sampling))
+    return [int(t) for (t, _), _ in zip(steps, range(max_tokens))]
+
+
+@pytest.mark.parametrize("bits", [None, 4])
+@pytest.mark.parametrize("sampling", SAMPLING)
+def test_sampled_stream_equals_resident(tiny, bits, sampling):
+    model_dir, store = tiny("qwen3_moe", bits)
+    greedy, _ = resident_greedy(model_dir, PROMPT, 16)
+    ref = resident_sampled(model_dir, PROMPT, 16, seed=11, **sampling)
+    assert ref != greedy, "the sampler must change the tokens for the test to mean anything"
+    for arena in ("2", "0.25"):
+        with Engine(store, arena=arena, progress=False) as eng:
+            mx.random.seed(11)
+            res = eng.generate(PROMPT, max_tokens=16, sampler=gen.make_sampler(**sampling))
+        assert res.tokens == ref, f"bits={bits} arena={arena} {sampling}"
+        assert res.stats["misses"] > 0
+
+
+def test_other_seed_other_tokens(tiny):
+    _, store = tiny("qwen3_moe", 4)
+    with Engine(store, arena="0.25", progress=False) as eng:
+        runs = []
+        for seed in (1, 1, 2):
+            mx.random.seed(seed)
+            runs.append(eng.generate(PROMPT, max_tokens=16, sampler=gen.make_sampler(temp=3.0)).tokens)
+    assert runs[0] == runs[1] != runs[2]
+
+
+def test_stops_at_eos_and_keeps_the_stop_token(tiny):
+    model_dir, store = tiny("qwen3_moe", 4)
+    greedy, _ = resident_greedy(model_dir, PROMPT, 12)
+    stop = greedy[5]
+    first = greedy.index(stop)
+    with Engine(store, arena="0.25", progress=False) as eng:
+        res = eng.generate(PROMPT, max_tokens=12, eos_token_ids=[stop])
+        plain = eng.generate(PROMPT, max_tokens=12)
+    assert res.tokens == greedy[:first + 1]
+    assert plain.tokens == greedy
+
+
+def test_cli_extra_eos_token_and_json_config(tiny, capsys):
+    model_dir, store = tiny("qwen3_moe", 4)
+    greedy, _ = resident_greedy(model_dir, PROMPT, 12)
+    stop = greedy[4]
+    capsys.readouterr()
+    assert main(["run", "-m", str(store), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", "12",
+                 "--arena", "3", "--extra-eos-token", str(stop), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tokens"] == greedy[:greedy.index(stop) + 1]
+    assert out["finish_reason"] == "stop"
+    cfg = out["config"]
+    assert cfg["arena"]["slots"] == 3 and cfg["arena"]["bytes"] == 3 * cfg["arena"]["expert_bytes"] > 0
+    assert cfg["policy"] == "lru" and cfg["predictor"] == "none" and cfg["prompt_tokens"] == len(PROMPT)
+    assert cfg["model"] == str(store)
+    assert set(cfg["versions"]) == {"workbench", "mlx", "mlx-lm"} and all(cfg["versions"].values())
+    assert out["stats"]["peak_memory_gb"] > 0 and out["timing"]["generation_tokens"] == len(out["tokens"])
+    assert isinstance(out["stats"]["page_cache_hits"], int)
+
+
+def test_cli_positional_and_flag_model_agree(tiny, capsys):
+    _, store = tiny("qwen3_moe", 4)
+    outs = []
+    for argv in (["run", str(store)], ["run", "--model", str(store)], ["run", str(store), "-m", str(store)]):
+        capsys.readouterr()
+        assert main(argv + ["--prompt-ids", "1,2,3", "--max-tokens", "4", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out)["tokens"])
+    assert outs[0] == outs[1] == outs[2]
+    assert main(["run", str(store), "-m", str(store) + "x", "--prompt-ids", "1,2", "--max-tokens", "2"]) == 2
+    assert "two models" in capsys.readouterr().err
+
+
+def test_page_cache_hits_are_na_when_reads_bypass_it(tiny, capsys):
+    from workbench.store.reader import available_modes
+
+    if "direct" not in available_modes() and "nocache" not in available_modes():
+        pytest.skip("no read mode that bypasses the page cache here")
+    mode = "direct" if "direct" in available_modes() else "nocache"
+    _, store = tiny("qwen3_moe", 4)
+    capsys.readouterr()
+    rc = main(["run", str(store), "--prompt-ids", "1,2,3", "--max-tokens", "4", "--io-mode", mode, "--json"])
+    if rc != 0:
+        pytest.skip(f"--io-mode {mode} is not supported by this file system")
+    out = json.loads(capsys.readouterr().out)
+    assert out["stats"]["page_cache_hits"] is None and out["config"]["io_mode"] == mode
+    assert main(["run", str(store), "--prompt-ids", "1,2,3", "--max-tokens", "4", "--io-mode", mode]) == 0
+    assert "n/a (reads bypass the page cache)" in capsys.readouterr().out
+
+
+@needs_reference
+def test_prompt_dash_reads_stdin(monkeypatch, capsys):
+    text = "def add(a, b):\n    return"
+    outs = []
+    for prompt, stdin in ((text, ""), ("-", text)):
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        assert main(["run", str(REFERENCE), "-p", prompt, "--max-tokens", "6", "--arena", "0.25", "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr().out))
+    assert outs[0]["tokens"] == outs[1]["tokens"]
+    with Engine.open(REFERENCE, progress=False) as eng:
+        assert outs[1]["config"]["prompt_tokens"] == len(eng.tokenizer.encode(text)) > 3
+    assert outs[1]["config"]["chat_template"] is False  # the reference tokenizer has none
+
+
+@needs_reference
+def test_summary_line_as_mlx_lm_prints_it(capsys):
+    assert main(["run", str(REFERENCE), "-p", "import os\\n", "--max-tokens", "5", "--arena", "0.25"]) == 0
+    out = capsys.readouterr().out
+    for line in ("Prompt: ", "Generation: 5 tokens, ", "Peak memory: "):
+        assert line in out
+    assert out.index("Generation: ") < out.index("hits / misses")  # mlx-lm's line beside our counters
+
+
+TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<<assistant>>{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A tiny random model whose tokenizer (the reference one) has a chat template."""
+    from workbench.randmodel import make_random_model
+    from workbench.store.pack import pack
+
+    if not (REFERENCE / "tokenizer.json").exists():
+        pytest.skip("reference tokenizer not shipped")
+    root = tmp_path_factory.mktemp("chat")
+    model = make_random_model(root / "model", "qwen3_moe", seed=3, moving=True, layers=2, experts=8, top_k=2,
+                              hidden=64, expert_width=32, vocab=4096)
+    shutil.copy(REFERENCE / "tokenizer.json", model / "tokenizer.json")
+    config = json.loads((REFERENCE / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return model, pack(model, root / "store", progress=False)
+
+
+def test_chat_template_builds_the_prompt(chat_model):
+    from mlx_lm.utils import load_tokenizer
+
+    tok = load_tokenizer(chat_model[1])
+    assert tok.has_chat_template
+    ids = gen.build_prompt(tok, "hello", system_prompt="be brief")
+    assert tok.decode(ids) == "<<system>>be brief\n<<user>>hello\n<<assistant>>"
+    assert tok.decode(gen.build_prompt(tok, "hello")) == "<<user>>hello\n<<assistant>>"
+    assert gen.build_prompt(tok, "hello", "be brief", ignore_chat_template=True) == tok.encode("hello")
+
+
+def test_cli_run_applies_the_chat_template(chat_model, capsys):
+    from mlx_lm.utils import load_tokenizer
+
+    model, store = chat_model
+    tok = load_tokenizer(store)
+    ids = gen.build_prompt(tok, "hello", system_prompt="be brief")
+    ref, _ = resident_greedy(model, ids, 6)
+    capsys.readouterr()
+    assert main(["run", str(store), "-p", "hello", "--system-prompt", "be brief", "--max-tokens", "6",
+                 "--arena", "0.25", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["chat_template"] is True and out["config"]["prompt_tokens"] == len(ids)
+    assert out["tokens"] == ref
+    assert main(["run", str(store), "-p", "hello", "--ignore-chat-template", "--max-tokens", "2", "--json"]) == 0
+    raw = json.loads(capsys.readouterr().out)
+    assert raw["config"]["chat_template"] is False and raw["config"]["prompt_tokens"] == len(tok.encode("hello"))
+
+
+def fake_hf_cache(root, repo, model_dir):
+    """The Hugging Face hub cache layout: models--org--name/{refs/main, snapshots/<commit>/...}."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    shutil.copytree(model_dir, repo_dir / "snapshots" / commit)
+    return repo_dir / "snapshots" / commit
+
+
+def test_hf_repo_id_resolves_from_the_local_cache(tiny, tmp_path, monkeypatch, capsys):
+    model_dir, _ = tiny("qwen3_moe", 4)
+    snapshot = fake_hf_cache(tmp_path / "hub", "someorg/tiny-moe", model_dir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "wb"))
+    assert gen.resolve_model("someorg/tiny-moe") == snapshot
+    capsys.readouterr()
+    assert main(["run", "-m", "someorg/tiny-moe", "--prompt-ids", "1,2,3", "--max-tokens", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["model"] == "someorg/tiny-moe" and len(out["tokens"]) == 3
+
+
+def test_missing_hf_repo_is_one_clear_error_without_download(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    def no_network(*a, **k):
+        raise AssertionError("tried to download")
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.file_download, "get_hf_file_metadata", no_network)
+    with pytest.raises(ModelError, match="not in the Hugging Face cache.*never downloads"):
+        gen.resolve_model("someorg/absent-model")
+    assert main(["run", "-m", "someorg/absent-model", "-p", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "huggingface-cli download someorg/absent-model" in err
+    with pytest.raises(ModelError, match="does not exist"):
+        gen.resolve_model(str(tmp_path / "nowhere"))
+
+
+def test_bad_sampling_values_are_refused(capsys):
+    assert main(["run", "x", "-p", "hi", "--temp", "-1"]) == 2
+    assert "temp >= 0" in capsys.readouterr().err
+    assert main(["run", "-p", "hi"]) == 2
+    assert "give a model" in capsys.readouterr().err
+
+
+def test_read_prompt_expands_escapes_as_mlx_lm(monkeypatch):
+    assert gen.read_prompt("a\\nb\\tc") == "a\nb\tc"
+    monkeypatch.setattr("sys.stdin", io.StringIO("from stdin\\n"))
+    assert gen.read_prompt("-") == "from stdin\\n"  # stdin is taken as it is
+
+
+@needs_reference
+@pytest.mark.parametrize("draft", [False, True])
+def test_cli_seed_matches_mlx_lm_generate(draft, capsys, monkeypatch):
+    """`workbench run --seed S --temp T` prints what `mlx_lm generate --seed S --temp T` prints:
+    both seed before the models are built, and building them draws from the same generator."""
+    import sys
+
+    from mlx_lm.generate import main as mlx_lm_main
+
+    argv = ["-p", "def fib(n):\\n", "--max-tokens", "24", "--temp", "1.0", "--seed", "3"]
+    if draft:
+        argv += ["--draft-model", str(REFERENCE.parent / "ref-draft"), "--num-draft-tokens", "2"]
+    monkeypatch.setattr(sys, "argv", ["mlx_lm.generate", "--model", str(REFERENCE), "--verbose", "F"] + argv)
+    capsys.readouterr()
+    mlx_lm_main()
+    expected = capsys.readouterr().out
+    assert main(["run", "-m", str(REFERENCE), "--arena", "0.25", "--json"] + argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] + "\n" == expected and len(out["tokens"]) > 10
+    greedy = main(["run", "-m", str(REFERENCE), "--arena", "0.25", "--json"] + argv[:4])
+    assert greedy == 0 and json.loads(capsys.readouterr().out)["text"] != out["text"]  # sampling mattered

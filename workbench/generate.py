@@ -1,0 +1,211 @@
+"""mlx-lm's generation interface over the streaming engine.
+
+The glue between ``workbench run`` and the engine, each rule once: where a model name points
+(a directory, a store, or a Hugging Face repo id already in the local cache), how a prompt
+becomes ids (stdin, the tokenizer's chat template as ``mlx_lm generate`` applies it), which
+sampler (mlx-lm's own ``make_sampler``), which ids stop generation, and mlx-lm's summary line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import mlx.core as mx
+
+from .model import ModelError
+
+BYPASS_MODES = ("direct", "nocache")  # read modes that skip the OS page cache
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model(name) -> Path:
+    """A local path as is; otherwise a Hugging Face repo id found in the local cache (never downloaded)."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    if not REPO_ID.match(str(name)):
+        raise ModelError(f"{name} does not exist; give an mlx-lm model directory, a workbench store "
+                         "or a Hugging Face repo id (org/name) that is in the local cache")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = os.environ.get("HF_HUB_CACHE") or HF_HUB_CACHE
+    try:
+        return Path(snapshot_download(str(name), cache_dir=cache, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        raise ModelError(f"{name} is not a local directory and not in the Hugging Face cache ({cache}); "
+                         f"workbench never downloads: fetch it first (huggingface-cli download {name}) "
+                         "or give a local path") from None
+
+
+def tokenizer_of(engine):
+    """The engine's tokenizer, or None for a store packed without one."""
+    try:
+        return engine.tokenizer
+    except ModelError:
+        return None
+
+
+def load_draft_model(name):
+    """A resident mlx-lm model to draft with: (model, config)."""
+    from mlx_lm.utils import load_model
+
+    from .model import load_config
+
+    path = resolve_model(name)
+    load_config(path)  # one readable error when it is not a model directory
+    try:
+        return load_model(path)
+    except (ValueError, FileNotFoundError) as e:
+        raise ModelError(f"--draft-model {path} cannot be loaded by mlx-lm ({e}); "
+                         "give an mlx-lm model directory") from None
+
+
+def check_draft(draft, target_config: dict):
+    vocab, target_vocab = draft[1].get("vocab_size"), target_config.get("vocab_size")
+    if vocab != target_vocab:
+        raise ModelError(f"--draft-model has a vocabulary of {vocab} tokens, the target {target_vocab}; "
+                         "a draft model must share the target's tokenizer")
+
+
+def read_prompt(text: str) -> str:
+    """``-`` reads stdin; ``\\n`` and ``\\t`` escapes are expanded, as in ``mlx_lm generate``."""
+    if text == "-":
+        return sys.stdin.read()
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def uses_chat_template(tokenizer, ignore_chat_template=False) -> bool:
+    return not ignore_chat_template and bool(getattr(tokenizer, "has_chat_template", False))
+
+
+def build_prompt(tokenizer, text: str, system_prompt=None, ignore_chat_template=False) -> list[int]:
+    """Prompt ids as ``mlx_lm generate`` builds them: the chat template when the tokenizer has
+    one (system message first, generation prompt added), else the raw text with special tokens."""
+    chat = uses_chat_template(tokenizer, ignore_chat_template)
+    if chat:
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+        messages.append({"role": "user", "content": text})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=not chat))
+
+
+def make_sampler(temp=0.0, top_p=1.0, min_p=0.0, top_k=0):
+    """mlx-lm's sampler: log-probs [1, vocab] -> token [1]; None at temp 0, where mlx-lm's is an
+    argmax too and the engine's own greedy path (optimistic decode included) picks the same token."""
+    from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
+
+    if temp < 0 or not 0 <= top_p <= 1 or not 0 <= min_p <= 1 or top_k < 0:
+        raise ValueError(f"sampling wants temp >= 0, 0 <= top-p <= 1, 0 <= min-p <= 1, top-k >= 0; "
+                         f"got temp={temp} top-p={top_p} min-p={min_p} top-k={top_k}")
+    if temp == 0:
+        return None
+    return mlx_make_sampler(temp, top_p, min_p, 1, top_k=top_k)
+
+
+def eos_ids(tokenizer, config: dict, extra=()) -> set[int]:
+    """The ids that end generation: the tokenizer's (or the config's ``eos_token_id`` when there is
+    no tokenizer) plus ``--extra-eos-token`` entries (a token string or an id)."""
+    if tokenizer is not None:
+        for token in extra:
+            tokenizer.add_eos_token(token)
+        return set(tokenizer.eos_token_ids)
+    ids = config.get("eos_token_id")
+    ids = set() if ids is None else {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
+    for token in extra:
+        try:
+            ids.add(int(token))
+        except ValueError:
+            raise ValueError(f"--extra-eos-token {token!r}: this model has no tokenizer, give a token id") from None
+    return ids
+
+
+def decode(tokenizer, tokens, eos=()) -> str | None:
+    """The generated text, without a final stop token (mlx-lm never prints it)."""
+    if tokenizer is None:
+        return None
+    if tokens and tokens[-1] in eos:
+        tokens = tokens[:-1]
+    return tokenizer.decode(tokens)
+
+
+def versions() -> dict:
+    from . import __version__
+
+    out = {"workbench": __version__}
+    for pkg in ("mlx", "mlx-lm"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass
+class Timing:
+    """mlx-lm's summary numbers: the prompt phase runs until the first token is out; generation
+    counts every token over the time after it (as ``mlx_lm.stream_generate`` does)."""
+    prompt_tokens: int
+    prompt_s: float
+    generation_tokens: int
+    generation_s: float
+    peak_memory_gb: float
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def generation_tps(self) -> float:
+        return self.generation_tokens / self.generation_s if self.generation_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "prompt_tps": self.prompt_tps,
+                "generation_tokens": self.generation_tokens, "generation_tps": self.generation_tps,
+                "peak_memory_gb": self.peak_memory_gb}
+
+    def summary(self) -> str:
+        return (f"Prompt: {self.prompt_tokens} tokens, {self.prompt_tps:.3f} tokens-per-sec\n"
+                f"Generation: {self.generation_tokens} tokens, {self.generation_tps:.3f} tokens-per-sec\n"
+                f"Peak memory: {self.peak_memory_gb:.3f} GB")
+
+
+def timed(run, prompt_tokens: int):
+    """``run()`` -> (its Result, Timing). The Result's ``step_times`` are its passes after the
+    prompt phase (one per token, or one per verify pass); the first pass yields the first token."""
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    res = run()
+    wall = time.perf_counter() - t0
+    after_first = float(sum(res.step_times[1:]))
+    return res, Timing(prompt_tokens, max(wall - after_first, 0.0), len(res.tokens), after_first,
+                       mx.get_peak_memory() / 1e9)
+
+
+def run_config(engine, model, prompt_ids, args, chat_template: bool) -> dict:
+    """What ``--json`` echoes: the run's configuration and the software versions."""
+    return {
+        "model": str(model), "store": str(engine.root),
+        "arena": {"spec": str(args.arena), "slots": engine.n_slots, "bytes": engine.n_slots * engine.m.expert_bytes,
+                  "routed_experts": engine.m.n_routed, "expert_bytes": engine.m.expert_bytes},
+        "policy": args.policy, "predictor": args.predictor, "io_mode": args.io_mode,
+        "device": str(mx.default_device()), "decode": args.decode,
+        "prompt_tokens": len(prompt_ids), "max_tokens": args.max_tokens,
+        "sampler": {"temp": args.temp, "top_p": args.top_p, "min_p": args.min_p, "top_k": args.top_k,
+                    "seed": args.seed},
+        "chat_template": chat_template, "draft_model": args.draft_model,
+        "num_draft_tokens": args.num_draft_tokens if args.draft_model else None,
+        "versions": versions(),
+    }
+
+
+def page_cache_applies(io_mode: str) -> bool:
+    """Page-cache hits mean nothing when reads bypass the page cache."""
+    return io_mode not in BYPASS_MODES

@@ -1,0 +1,87 @@
+"""One colour per identity, shared by every chart.
+
+A policy, configuration, predictor source, drafter or layer keeps its colour in every chart and
+whatever else is plotted beside it: colours come from the name, never from its position in a
+legend, so deselecting one series recolours nothing. Numeric names sort as numbers (layer 2
+before layer 10). ``CONFIG`` lifts Vega-Lite's label and title length limits so no label is cut.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+# Tableau 10, then the lighter Tableau 20 half for names without a fixed colour.
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
+SPARE = ["#a0cbe8", "#ffbe7d", "#ff9d9a", "#86bcb6", "#8cd17d", "#f1ce63", "#d4a6c8", "#fabfd2", "#d7b5a6", "#79706e"]
+GREY = "#888888"
+
+NAMED = {
+    # policies (engine and simulator names) and offline bounds
+    "lru": "#4e79a7", "slru": "#76b7b2", "twohit": "#f28e2b", "two-hit": "#f28e2b", "two_hit": "#f28e2b",
+    "ds4": "#e15759", "static": "#59a14f", "hotlist": "#59a14f", "s3fifo": "#b07aa1", "lfu": "#edc948",
+    "fifo": "#ff9da7", "belady": "#000000", "knapsack": "#9c755f",
+    # read-ahead configurations (notebook 01, `workbench compare`)
+    "UNPERT=1": "#4e79a7", "unpert1": "#4e79a7", "UNPERT1": "#4e79a7",
+    "UNPERT=0": "#e15759", "unpert0": "#e15759", "UNPERT0": "#e15759",
+    "route": "#b07aa1",
+    # predictor sources
+    "d=0": "#bab0ac", "d=1": "#4e79a7", "d=2": "#76b7b2", "d=3": "#59a14f", "d=4": "#edc948",
+    "prev_token": "#e15759", "oracle": "#9c755f", "none": "#bab0ac",
+    # drafters
+    "draft_model": "#4e79a7", "ngram": "#f28e2b", "self_draft": "#e15759",
+    # arena lookups, read-path methods, verdicts, booleans
+    "hits": "#59a14f", "misses": "#e15759",
+    "sequential limit": "#bab0ac", "store → slots": "#4e79a7", "single copy": "#f28e2b",
+    "matches": "#59a14f", "differs": "#e15759",
+    "False": "#4e79a7", "True": "#f28e2b",
+    # prefetch outcome classes
+    "useful timely": "#59a14f", "useful late": "#8cd17d", "completed unused": "#e15759",
+    "partially read": "#f28e2b", "cancelled before read": "#bab0ac",
+}
+
+# Vega-Lite config merged into every spec: no truncated labels or titles anywhere.
+CONFIG = {
+    "axis": {"labelLimit": 0, "titleLimit": 0},
+    "legend": {"labelLimit": 0, "titleLimit": 0},
+    "header": {"labelLimit": 0, "titleLimit": 0},
+    "title": {"limit": 0},
+}
+
+
+def color_of(name) -> str:
+    """The colour of one identity: a fixed one if named, ``layer``-like integers by value, else
+    a colour derived from the name itself (so it never depends on what else is plotted)."""
+    name = str(name)
+    if name in NAMED:
+        return NAMED[name]
+    m = re.fullmatch(r"(?:layer\s*)?(\d+)", name)
+    if m:
+        return (PALETTE + SPARE)[int(m.group(1)) % (len(PALETTE) + len(SPARE))]
+    return SPARE[zlib.crc32(name.encode()) % len(SPARE)]
+
+
+def natural_key(value):
+    """Sort key that orders embedded numbers numerically: 0, 1, 2, 10, 11 and d=2 before d=10."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in re.split(r"(\d+)", str(value)) if part != ""]
+
+
+def natural_sorted(values) -> list[str]:
+    return sorted({str(v) for v in values}, key=natural_key)
+
+
+def color_scale(domain, sort: bool = False):
+    """An altair Scale giving each name in ``domain`` its own colour (``sort``: natural order)."""
+    import altair as alt
+
+    domain = natural_sorted(domain) if sort else list(dict.fromkeys(str(d) for d in domain))
+    return alt.Scale(domain=domain, range=[color_of(d) for d in domain])
+
+
+def apply_config(spec: dict) -> dict:
+    """Merge ``CONFIG`` under the spec's own config (the chart's explicit settings win)."""
+    config = spec.setdefault("config", {})
+    for key, values in CONFIG.items():
+        config[key] = {**values, **config.get(key, {})}
+    return spec
