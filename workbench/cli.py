@@ -67,7 +67,7 @@ def engine_kwargs(args) -> dict:
     check_engine_args(args)
     return dict(arena=args.arena, policy=args.policy, io_workers=args.io_workers, io_reserved=args.io_reserved,
                 io_mode=args.io_mode, verify=args.verify, device=args.device, decode=args.decode,
-                writes=args.slot_writes, policy_options={"hotlist": args.hotlist} if args.hotlist else None)
+                writes=args.slot_writes, seed=getattr(args, "seed", None), policy_options={"hotlist": args.hotlist} if args.hotlist else None)
 
 
 def cmd_pack(args) -> int:
@@ -137,8 +137,6 @@ def add_generation_args(p):
 
 
 def cmd_run(args) -> int:
-    import mlx.core as mx
-
     from . import generate as gen
     from .engine.engine import resolve_store
     from .engine.speculative import speculative_generate
@@ -156,8 +154,6 @@ def cmd_run(args) -> int:
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
     args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json))  # packs on first use
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
-    if args.seed is not None:  # where mlx_lm generate seeds: building the models draws from the generator
-        mx.random.seed(args.seed)
     with open_engine(args, progress=not args.json) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)

@@ -87,22 +87,24 @@ class Result:
 class Engine(SpeculativeMixin):
     def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
                  io_mode="buffered", verify="first", progress=True, decode="auto", device=None, writes=None,
-                 preload="auto", sync_cost=None):
+                 preload="auto", sync_cost=None, seed=None):
         """``decode``: auto (a controller picks per token), optimistic or layer (DESIGN.md section 3).
         ``device``: cpu or gpu (default: MLX's default device). ``writes``: direct or staged slot
         writes (default by backend). ``preload``: auto reads every expert at open when the arena
-        holds them all; True / False force it."""
+        holds them all; True / False force it. ``seed``: seed MLX's generator right before the model
+        is built, where mlx-lm's generate seeds (building a model draws from it), so sampling at a
+        seed matches ``mlx_lm generate --seed``."""
         check_io_workers("io_workers", io_workers, io_reserved, "io_reserved")  # before any thread or file
         self.reader = self.io = None
         try:
             self._open(store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
-                       decode, device, writes, preload, sync_cost)
+                       decode, device, writes, preload, sync_cost, seed)
         except BaseException:
             self.close()  # a failed open leaves no thread or file behind
             raise
 
     def _open(self, store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
-              decode, device, writes, preload, sync_cost):
+              decode, device, writes, preload, sync_cost, seed):
         self.device = parse_device(device)
         if self.device is not None:
             mx.set_default_device(self.device)
@@ -122,6 +124,8 @@ class Engine(SpeculativeMixin):
         self.reader = BlobReader(self.root, self.m, mode=io_mode, verify=verify)
         self.io = IOScheduler(self.reader, workers=io_workers, reserved=min(io_reserved, io_workers))
         self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, policy, policy_options, writes)
+        if seed is not None:
+            mx.random.seed(seed)
         self.model = self._build_model()
         backend = "cpu" if mx.default_device() == mx.cpu else "gpu"
         self.decode = decode
