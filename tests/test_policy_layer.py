@@ -257,3 +257,70 @@ def test_failed_run_writes_no_trace_and_leaves_no_hooks(store, tmp_path):
         assert not eng.hooks.active
         with pytest.raises(ValueError, match="max_tokens"):
             eng.generate(PROMPT, max_tokens=0)
+
+
+def _consistent(arena):
+    assert not any(arena.pinned) and not arena.spec and not arena.limbo
+    assert all(arena.key_of[s] == k for k, s in arena.smap.items())
+    assert sorted(arena.free + list(arena.smap.values())) == list(range(arena.n_slots))
+    published = {k for k, s in arena.smap.items() if arena.published[s]}
+    assert published == {layer * arena.E + e for layer in range(arena.lut.shape[0])
+                         for e in np.flatnonzero(arena.lut[layer] != arena.placeholder)}
+
+
+@pytest.mark.parametrize("decode", ["layer", "optimistic"])
+@pytest.mark.parametrize("point", ["cache.hit", "cache.miss", "cache.evict", "io.submit", "io.done", "prefetch.outcome"])
+def test_an_error_at_any_step_of_a_claim_or_prefetch_ends_the_run_and_leaves_the_engine_usable(store, point, decode):
+    """A hook that raises inside at_layer / prefetch (the arena's every step fires one): the run ends
+    with that error, never hangs on a read that was not submitted, and the arena stays consistent."""
+    import threading
+
+    ref, _ = resident_greedy(store[0], PROMPT, 6)
+    with Engine(store[1], arena="0.4", io_workers=3, decode=decode, progress=False) as eng:
+        configure(eng, predictor="layer")
+        for nth in (1, 7):
+            calls = {"n": 0}
+
+            def boom(value, **ctx):
+                calls["n"] += 1
+                if calls["n"] == nth:
+                    raise RuntimeError(f"injected at {point}")
+
+            out = {}
+
+            def run():
+                try:
+                    with eng.hooks.using([(point, boom)]):
+                        eng.generate(PROMPT, max_tokens=12)
+                except RuntimeError as e:
+                    out["error"] = str(e)
+
+            t = threading.Thread(target=run, daemon=True)
+            t.start()
+            t.join(timeout=60)
+            assert not t.is_alive(), f"generate hung after an error at {point}"
+            if calls["n"] >= nth:
+                assert out.get("error") == f"injected at {point}"
+            _consistent(eng.arena)
+        assert eng.generate(PROMPT, max_tokens=6).tokens == ref
+
+
+def test_a_failed_open_leaves_no_thread_or_file(tiny, tmp_path):
+    import os
+    import shutil
+    import threading
+
+    from workbench.store.manifest import EXPERTS
+
+    _, src = tiny("qwen3_moe", 4, **SHAPE)
+    dst = tmp_path / "s"
+    shutil.copytree(src, dst)
+    with open(dst / EXPERTS, "r+b") as f:  # a blob's bytes flipped: the full arena's preload fails at open
+        f.seek(100)
+        f.write(b"\xff\xfe\xfd")
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(StoreError, match="checksum mismatch"):
+            Engine(dst, arena="1.0", io_workers=8, verify="always", progress=False)
+    assert threading.active_count() == threads
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -138,7 +138,7 @@ def add_generation_args(p):
 
 def cmd_run(args) -> int:
     from . import generate as gen
-    from .engine.engine import resolve_store
+    from .store.cache import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
 
@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
     if args.draft_model and args.trace:
         raise ValueError("--draft-model runs without --trace; drop one of them")
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
-    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json))  # packs on first use
+    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json, store=args.store))  # packs on first use
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
     with open_engine(args, progress=not args.json) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
@@ -185,7 +185,7 @@ def cmd_run(args) -> int:
                        "hit_rate": base["hit_rate"], "speedup": res.stats["tokens_per_s"] / base["tokens_per_s"]
                        if base["tokens_per_s"] else None}
     stats = res.stats
-    if not gen.page_cache_applies(args.io_mode):
+    if not eng.reader.through_page_cache:  # speculative runs report through the same stats
         stats["page_cache_hits"] = stats["prefill"]["page_cache_hits"] = None
     stats["peak_memory_gb"] = timing.peak_memory_gb
     if args.json:

@@ -20,7 +20,6 @@ import mlx.core as mx
 
 from .model import ModelError
 
-BYPASS_MODES = ("direct", "nocache")  # read modes that skip the OS page cache
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -204,8 +203,3 @@ def run_config(engine, model, prompt_ids, args, chat_template: bool) -> dict:
         "num_draft_tokens": args.num_draft_tokens if args.draft_model else None,
         "versions": versions(),
     }
-
-
-def page_cache_applies(io_mode: str) -> bool:
-    """Page-cache hits mean nothing when reads bypass the page cache."""
-    return io_mode not in BYPASS_MODES

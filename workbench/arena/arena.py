@@ -137,11 +137,15 @@ class Arena:
         if all(s is not None and self.published[s] for s in slots):  # every wanted expert hits
             c["hits"] += len(keys)
             self.policy.access_many(keys)
-            if self.hooks.active:
-                for key, s in zip(keys, slots):
-                    self.hooks.fire("cache.hit", key, layer=layer, expert=key - base, slot=s)
             if self.spec:
                 self._to_limbo(layer)
+            if self.hooks.active:
+                try:
+                    for key, s in zip(keys, slots):
+                        self.hooks.fire("cache.hit", key, layer=layer, expert=key - base, slot=s)
+                except BaseException:
+                    self.release()
+                    raise
             return self.lut[layer]
         waits, batch, fresh, landed = [], [], [], []
         t0 = time.perf_counter_ns()
@@ -152,12 +156,13 @@ class Arena:
                     self.limbo.pop(s, None)
                     self.policy.access(key, speculative=True)
                     if req.state == DONE:
-                        self._outcome(req, "useful_timely", layer)
+                        fresh.append(s)  # on an error below it is unmapped: its staged data was not copied in
                         landed.append(req)
+                        self._outcome(req, "useful_timely", layer)
                     elif req.finished:  # cancelled or failed before it was claimed: read it now
-                        self._outcome(req, "partially_read" if req.bytes_read else "cancelled_before_read", layer)
-                        self._recycle(req)
                         fresh.append(s)
+                        self._recycle(req)
+                        self._outcome(req, "partially_read" if req.bytes_read else "cancelled_before_read", layer)
                         waits.append(self._read(s, key, batch))
                     else:
                         req.claimed = "late"
@@ -178,7 +183,7 @@ class Arena:
                     c["misses"] += 1
                     c["sync_misses"] += 1
                     blob = self.m.blob(layer, key - base)
-                    if self.io.reader.page_cache.cached(blob.offset, blob.size):
+                    if self.io.reader.through_page_cache and self.io.reader.page_cache.cached(blob.offset, blob.size):
                         c["page_cache_hits"] += 1
                     if self.hooks.active:
                         self.hooks.fire("cache.miss", key, layer=layer, expert=key - base, slot=s)
@@ -192,19 +197,23 @@ class Arena:
             raise
         finally:
             c["io_wait_ns"] += time.perf_counter_ns() - t0
-        for req in waits:
-            if self.hooks.active:
-                self.hooks.fire("io.done", req, layer=layer, expert=req.blob.expert, slot=req.slot)
-            if req.claimed == "late":
-                self._outcome(req, "useful_late", layer)
-            else:
-                c["bytes_read"] += req.bytes_read
-        for key in keys:
+        for key in keys:  # every read landed: publish before any hook can raise
             s = self.smap[key]
             if not self.published[s]:
                 self._publish(s)
         self._commit(landed + waits)
         self._to_limbo(layer)
+        try:
+            for req in waits:
+                if req.claimed == "late":
+                    self._outcome(req, "useful_late", layer)
+                else:
+                    c["bytes_read"] += req.bytes_read
+                if self.hooks.active:
+                    self.hooks.fire("io.done", req, layer=layer, expert=req.blob.expert, slot=req.slot)
+        except BaseException:
+            self.release()
+            raise
         return self.lut[layer]
 
     def expose(self, reqs) -> None:
@@ -261,23 +270,29 @@ class Arena:
         c = self.counters.row(self.step, layer)
         c["prefetch_issued"] += 1
         c["prefetch_issued_bytes"] += req.blob.size
-        self._submit(req, layer)
+        try:
+            self._submit(req, layer)
+        except BaseException:  # never submitted: settle it as cancelled and give the slot back
+            req.state = CANCELLED
+            req.event.set()
+            self._unmap(s)
+            raise
         return req
 
     def finish_speculation(self) -> None:
         """End of a request: settle every open speculative read and unmap it (deterministic)."""
+        error = None
+        self._exposed.clear()
         for s, req in list(self.spec.items()):
             self.io.cancel(req)
-            req.event.wait()
-            layer = self.key_of[s] // self.E
-            self._outcome(req, _unused_outcome(req), layer)
-            self._recycle(req)
-            del self.spec[s]
-            self.limbo.pop(s, None)
-            self._unmap(s)
-        for s in list(self.limbo):
-            del self.limbo[s]
-            self._unmap(s)
+        for s in list(self.spec) + list(self.limbo):
+            try:
+                if self.key_of[s] >= 0:
+                    self._unmap(s)  # waits for the read, frees the slot, then reports the outcome
+            except BaseException as e:  # a hook raised: finish settling, then report it
+                error = error or e
+        if error is not None:
+            raise error
 
     # ---- slot writes -------------------------------------------------------------------
     def flush(self) -> None:
@@ -360,12 +375,14 @@ class Arena:
     def _unmap(self, s):
         key = self.key_of[s]
         req = self.spec.pop(s, None)
+        self.limbo.pop(s, None)
         if req is not None:
             req.event.wait()
-            self._outcome(req, _unused_outcome(req), key // self.E)
             self._recycle(req)
         self._drop(s)
         heapq.heappush(self.free, s)
+        if req is not None:  # the slot is free before any outcome hook runs
+            self._outcome(req, _unused_outcome(req), key // self.E)
 
     def _assign(self, s, key):
         self.key_of[s] = key
@@ -382,9 +399,9 @@ class Arena:
         prev = self.last_req[req.slot]
         if prev is not None and not prev.finished:
             prev.event.wait()  # a slot never takes a new read while its last one is running
-        self.last_req[req.slot] = req
-        if self.hooks.active:
+        if self.hooks.active:  # before the read is recorded: a hook that raises leaves nothing to wait for
             self.hooks.fire("io.submit", req, layer=layer, expert=req.blob.expert, slot=req.slot)
+        self.last_req[req.slot] = req
         if batch is None:
             self.io.submit(req)
         else:

@@ -490,6 +490,8 @@ class Engine(SpeculativeMixin):
                      routed_experts=self.m.n_routed, expert_bytes=self.m.expert_bytes,
                      slot_writes=self.arena.writes, device=str(mx.default_device()))
         stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
+        if not self.reader.through_page_cache:  # reads bypass the page cache: its hits do not apply
+            stats["page_cache_hits"] = stats["prefill"]["page_cache_hits"] = None
         return stats
 
     # ---- per-layer work (called from inside the model) ---------------------------------

@@ -57,6 +57,7 @@ class BlobReader:
         self._verified: dict = {}  # (layer, expert) -> file stamp (size, mtime_ns) when checked
         self._pieces: dict = {}
         self.page_cache = PageCacheProbe(self.fd, os.fstat(self.fd).st_size)
+        self.through_page_cache = mode in ("buffered", "dontneed")  # direct / nocache bypass it
         self._local = threading.local()
         self.inject = None  # tests: fn(blob) that may sleep or raise, called before each piece
 
