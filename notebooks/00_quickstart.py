@@ -91,3 +91,20 @@ wb.panel(run_engine, {
     "policy": wb.dropdown("policy", sorted(POLICIES), value=policy),
     "max_tokens": wb.slider("tokens", 4, max(64, max_tokens), 4, value=max_tokens),
 }, name="token_counters", title="Engine run")
+
+
+# %% [markdown]
+# ## Fit my machine
+#
+# How large an arena can this machine afford, and what does it buy? One run per arena size on
+# the same prompt: decode speed, hit rate and peak MLX memory against the arena in GB (the
+# non-expert weights stay resident on top; the table says how much).
+
+# %%
+from workbench.analysis.fit import fit_table
+from workbench.viz.charts import fit_chart
+
+fit = fit_table(model_dir, ids, arenas=("0.1", "1.0") if small else ("0.1", "0.25", "0.5", "1.0"),
+                max_tokens=4 if small else max_tokens, policy=policy)
+wb.table(fit, caption="one run per arena size (tokens/s varies from run to run; hit rate and memory repeat)")
+wb.show(fit_chart(fit), "fit_my_machine")

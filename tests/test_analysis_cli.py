@@ -121,3 +121,16 @@ def test_analyze_bounds(tmp_path, capsys):
     # the 6 cold misses at 6 slots
     at6 = hc[hc.slots == 6].groupby("policy")["hits"].sum()
     assert (at6 == 2 * (30 * 2 - 6)).all()
+
+
+def test_fit_my_machine_table_and_chart(tiny):
+    """One run per arena size: GB, speed, hit rate and peak memory; a bigger arena hits more."""
+    from workbench.analysis.fit import fit_table
+    from workbench.viz.charts import fit_chart
+
+    _, store = tiny("qwen3_moe", 4)
+    t = fit_table(store, [5, 17, 3, 99, 42], arenas=("0.25", "1.0"), max_tokens=6)
+    assert list(t.arena) == ["0.25", "1.0"] and (t.arena_gb.diff().dropna() > 0).all()
+    assert t.hit_rate.iloc[1] == 1.0 > t.hit_rate.iloc[0]
+    assert (t.peak_memory_gb > t.arena_gb).all() and (t.tokens_per_s > 0).all()
+    assert "arena (GB)" in str(fit_chart(t).to_dict())

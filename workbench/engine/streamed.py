@@ -36,44 +36,36 @@ class MoEProbe(nn.Module):
         return self._engine.run_block(self._layer, self.block, x, *args, **kwargs)
 
 
-class GateProbe(nn.Module):
-    """Wraps a router: records its logits (hook ``layer.{i}.router.logits``, may replace them)."""
+class _Delegating(nn.Module):
+    """A wrapper that answers attribute reads the model's code makes on the module it wraps."""
 
-    def __init__(self, engine, layer: int, gate: nn.Module):
+    def __init__(self, engine, index: int, inner: nn.Module):
         super().__init__()
-        self.inner = gate
-        object.__setattr__(self, "_engine", engine)
-        object.__setattr__(self, "_layer", layer)
-
-    def __getattr__(self, name):  # families read gate attributes (e.g. weight, bias)
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], name)
-
-    def __call__(self, x):
-        return self._engine.run_gate(self._layer, self.inner, x)
-
-
-class LayerProbe(nn.Module):
-    """Wraps a decoder layer: lets verified optimistic decode skip layers whose output it already
-    has (a recompute after a miss starts at the missed layer) and record what it computed."""
-
-    def __init__(self, engine, index: int, layer: nn.Module):
-        super().__init__()
-        self.inner = layer
+        self.inner = inner
         object.__setattr__(self, "_engine", engine)
         object.__setattr__(self, "_index", index)
 
-    def __getattr__(self, name):  # models read layer attributes (e.g. is_linear, layer_type)
+    def __getattr__(self, name):
         try:
             return super().__getattr__(name)
         except AttributeError:
             if "inner" not in self:
                 raise
             return getattr(self["inner"], name)
+
+
+class GateProbe(_Delegating):
+    """Wraps a router: records its logits (hook ``layer.{i}.router.logits``, may replace them);
+    families read gate attributes (e.g. weight, bias) through it."""
+
+    def __call__(self, x):
+        return self._engine.run_gate(self._index, self.inner, x)
+
+
+class LayerProbe(_Delegating):
+    """Wraps a decoder layer: lets verified optimistic decode skip layers whose output it already
+    has (a recompute after a miss starts at the missed layer) and record what it computed;
+    models read layer attributes (e.g. is_linear, layer_type) through it."""
 
     def __call__(self, x, *args, **kwargs):
         opt = self._engine._opt

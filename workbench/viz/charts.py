@@ -311,3 +311,20 @@ def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) 
                  alt.Tooltip("low:Q", format=".3f"), alt.Tooltip("high:Q", format=".3f"), "n_prompts"])
     err = alt.Chart(t).mark_errorbar(ticks=True).encode(x=x, y="low:Q", y2="high:Q", color=alt.Color("policy:N", scale=sc))
     return alt.layer(err, line).properties(width=340, height=220, title=_title(title, "bars: 95% bootstrap interval over prompts"))
+
+
+def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
+    """Tokens/s, hit rate and peak memory against the arena's size in GB (one point per run)."""
+    x = alt.X("arena_gb:Q", title="arena (GB)")
+    tip = ["arena", "arena_slots", alt.Tooltip("arena_gb:Q", format=".3f"), alt.Tooltip("tokens_per_s:Q", format=".1f"),
+           alt.Tooltip("hit_rate:Q", format=".1%"), alt.Tooltip("peak_memory_gb:Q", format=".3f")]
+    base = alt.Chart(table).mark_line(point=True, color=PALETTE[0]).encode(x=x, tooltip=tip)
+    return alt.hconcat(
+        base.encode(y=alt.Y("tokens_per_s:Q", title="decode tokens/s")).properties(width=200, height=160,
+                                                                                  title="Speed"),
+        base.encode(y=alt.Y("hit_rate:Q", title="hit rate", axis=alt.Axis(format="%"))).properties(
+            width=200, height=160, title="Hit rate"),
+        base.encode(y=alt.Y("peak_memory_gb:Q", title="peak MLX memory (GB)")).properties(
+            width=200, height=160, title="Peak memory"),
+    ).properties(title=_title("Fit my machine: what an arena of each size costs and buys",
+                              "one run per size; the model's non-expert weights stay resident as well"))
