@@ -126,3 +126,16 @@ def test_allocation_flat_start_needs_lookahead():
     assert allocate_slots(c, 4, min_slots=2)["slots"].tolist() == [2, 2]
     with pytest.raises(ValueError, match="cannot give"):
         allocate_slots(c, 3, min_slots=2)
+
+
+def test_knapsack_bound_charged_for_cold_misses():
+    """A static set loaded by an empty replay pays one miss per pinned key: never above Belady with
+    bypass (a static set declines to admit the other keys, which plain demand-paging MIN cannot)."""
+    from workbench.analysis.bounds import belady_misses, knapsack_bound
+
+    keys = np.array([1, 2, 1, 3, 1, 2, 4, 1, 2, 5] * 3)
+    kb = knapsack_bound(keys, [2, 3, 5])
+    assert (kb.hit_rate_cold <= kb.hit_rate).all()
+    np.testing.assert_allclose(kb.hit_rate_cold * len(keys), kb.hits - kb.keys_pinned)
+    for cap, cold in zip((2, 3, 5), kb.hit_rate_cold):
+        assert cold <= 1 - belady_misses(keys, cap, bypass=True) / len(keys) + 1e-12

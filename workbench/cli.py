@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
     if args.draft_model and args.trace:
         raise ValueError("--draft-model runs without --trace; drop one of them")
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
-    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json, store=args.store))  # packs on first use
+    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json, store=getattr(args, "store", None)))  # packs on first use
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
     with open_engine(args, progress=not args.json) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None

@@ -102,7 +102,8 @@ def knapsack_bound(source, budgets, sizes=None, phase=None) -> pd.DataFrame:
     ``source``: a trace/path or a key array; ``sizes``: bytes per key (number, dict or
     array by key; default the trace's expert_bytes, else 1 so budgets count slots).
     Columns: budget_bytes, hits (fractional), lookups, hit_rate, keys_pinned (whole keys),
-    fraction_last (share of the partly taken key).
+    fraction_last (share of the partly taken key), hit_rate_cold (the same set charged one cold
+    miss per pinned key, as a replay that starts empty pays: comparable with LRU and Belady).
     """
     keys, _, _ = _keys_layers(source, phase)
     table = knapsack_set(keys, 0.0, _default_sizes(source, sizes))
@@ -118,8 +119,10 @@ def knapsack_bound(source, budgets, sizes=None, phase=None) -> pd.DataFrame:
         hits = float((take * acc).sum())
         whole = int((take >= 1.0).sum())
         part = take[(take > 0) & (take < 1)]
+        cold = hits - float(take.sum())  # every pinned key's first access reads it
         rows.append(dict(budget_bytes=budget, hits=hits, lookups=len(keys), hit_rate=hits / len(keys) if len(keys) else 0.0,
-                         keys_pinned=whole, fraction_last=float(part[0]) if len(part) else 0.0))
+                         keys_pinned=whole, fraction_last=float(part[0]) if len(part) else 0.0,
+                         hit_rate_cold=cold / len(keys) if len(keys) else 0.0))
     return pd.DataFrame(rows)
 
 
