@@ -264,3 +264,10 @@ def test_cli_seed_matches_mlx_lm_generate(draft, capsys, monkeypatch):
     assert out["text"] + "\n" == expected and len(out["tokens"]) > 10
     greedy = main(["run", "-m", str(REFERENCE), "--arena", "0.25", "--json"] + argv[:4])
     assert greedy == 0 and json.loads(capsys.readouterr().out)["text"] != out["text"]  # sampling mattered
+
+
+def test_demo_streams_the_reference_model(capsys):
+    """The README's first command, without its report: the demo's run path (it builds its own arguments)."""
+    assert main(["demo", "--no-report", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "demo: streaming" in out and "prompt:" in out
