@@ -35,6 +35,7 @@
 store = None              # a workbench store (or mlx-lm model dir); None: the reference model's store
 threads = "1,2,4,8"       # I/O worker counts to try
 modes = "buffered,dontneed,direct"  # read modes to try (those this OS lacks are skipped)
+reps = 3                  # repeats per point (the chart draws their range, the table their median)
 small = False             # CI preset (fewer threads and modes)
 
 # %%
@@ -42,7 +43,7 @@ import platform
 
 import pandas as pd
 
-from workbench.engine.engine import resolve_store
+from workbench.store.cache import resolve_store
 from workbench.io.readpath import blobs_gbps, read_path_table, sequential_gbps
 from workbench.store.manifest import EXPERTS, Manifest
 from workbench.store.reader import available_modes
@@ -59,8 +60,8 @@ print(f"store: {store_dir}\n{len(m.blobs)} blobs of {m.expert_bytes / 1e6:.3f} M
       f"{platform.system()} {platform.machine()}")
 
 # %%
-table = read_path_table(store_dir, threads=THREADS, modes=MODES)
-wb.table(table, "GB/s by method, read mode, threads and cache state")
+table = read_path_table(store_dir, threads=THREADS, modes=MODES, reps=1 if small else reps)
+wb.table(table, "GB/s by method, read mode, threads and cache state (median, min and max of the repeats)")
 
 # %%
 reads = table[table.method.str.startswith("store")]  # what the engine does: blobs into slots
@@ -72,7 +73,7 @@ headline("Is the store's read path at the device's sequential limit?",
          f"{'cold' if best['cold'] else 'warm'})",
          f"{m.expert_bytes / 1e6:.3f} MB blobs are latency-bound; a large model's experts (MBs each) test the "
          "SSD regime (pass store=)",
-         uncertainty="one sample per point, no repeats")
+         uncertainty=f"median of {1 if small else reps} repeats, range {best['gbps_min']:.2f}-{best['gbps_max']:.2f} GB/s")
 
 # %%
 wb.show(wb.readpath_chart(table, subtitle=f"{m.expert_bytes / 1e6:.3f} MB blobs; "

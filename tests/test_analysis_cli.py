@@ -134,3 +134,11 @@ def test_fit_my_machine_table_and_chart(tiny):
     assert t.hit_rate.iloc[1] == 1.0 > t.hit_rate.iloc[0]
     assert (t.peak_memory_gb > t.arena_gb).all() and (t.tokens_per_s > 0).all()
     assert "arena (GB)" in str(fit_chart(t).to_dict())
+
+
+def test_read_path_table_reports_the_spread_of_repeats(tiny):
+    from workbench.io.readpath import read_path_table
+
+    _, store = tiny("qwen3_moe", 4)
+    t = read_path_table(store, threads=(1,), modes=("buffered",), reps=2, progress=False)
+    assert ((t.gbps_min <= t.gbps) & (t.gbps <= t.gbps_max)).all() and (t.gbps_min > 0).all()

@@ -122,27 +122,29 @@ def copy_variants_gbps(store, cold=True, limit=64) -> dict:
 
 
 def read_path_table(store, threads=(1, 2, 4, 8), modes=None, reps=1, progress=True) -> pd.DataFrame:
-    """Tidy table: method, mode, threads, cold, gbps (median of ``reps``), and share of the
-    sequential read in the same mode and temperature."""
+    """Tidy table: method, mode, threads, cold, gbps (median of ``reps``), gbps_min and gbps_max
+    (the spread of the repeats), and share of the sequential read in the same mode and temperature."""
     import statistics
 
     path = os.path.join(store, EXPERTS)
     modes = [m for m in (modes or ("buffered", "dontneed", "direct")) if m in available_modes()]
     rows = []
     jobs = [(mode, cold) for mode in modes for cold in ((True, False) if mode == "buffered" else (True,))]
-    med = lambda f: statistics.median(f() for _ in range(reps))  # noqa: E731
+    def spread(values):
+        values = list(values)
+        return dict(gbps=statistics.median(values), gbps_min=min(values), gbps_max=max(values))
+
     for mode, cold in tqdm(jobs, desc="read path", disable=not progress):
-        seq = med(lambda: sequential_gbps(path, mode, cold=cold))
-        rows.append(dict(method="sequential", mode=mode, threads=1, cold=cold, gbps=seq))
+        rows.append(dict(method="sequential", mode=mode, threads=1, cold=cold,
+                         **spread(sequential_gbps(path, mode, cold=cold) for _ in range(reps))))
         for order in ("random", "file"):
             for t in threads:
-                g = med(lambda: blobs_gbps(store, mode, t, cold=cold, order=order))
-                rows.append(dict(method=f"store blobs, {order} order", mode=mode, threads=t, cold=cold, gbps=g))
+                rows.append(dict(method=f"store blobs, {order} order", mode=mode, threads=t, cold=cold,
+                                 **spread(blobs_gbps(store, mode, t, cold=cold, order=order) for _ in range(reps))))
         if mode == "buffered":
             variants = [copy_variants_gbps(store, cold=cold) for _ in range(reps)]
             for name in variants[0]:
-                rows.append(dict(method=name, mode=mode, threads=1, cold=cold,
-                                 gbps=statistics.median(v[name] for v in variants)))
+                rows.append(dict(method=name, mode=mode, threads=1, cold=cold, **spread(v[name] for v in variants)))
     df = pd.DataFrame(rows)
     seq = df[df.method == "sequential"].set_index(["mode", "cold"]).gbps
     df["share_of_sequential"] = [g / seq[(m, c)] for m, c, g in zip(df["mode"], df["cold"], df["gbps"])]

@@ -605,5 +605,8 @@ def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit"
         tooltip=["method", "mode", "threads", "cache", alt.Tooltip("gbps:Q", format=".3f"),
                  alt.Tooltip("share_of_sequential:Q", format=".0%")],
     ).properties(width=300, height=alt.Step(16))
+    if "gbps_min" in t and (t["gbps_max"] > t["gbps_min"]).any():  # the spread of the repeats
+        bars = bars + alt.Chart(t).mark_rule(color="black").encode(
+            y=alt.Y("what:N", sort=order), x="gbps_min:Q", x2="gbps_max:Q")
     return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).properties(
         title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start"))
