@@ -41,6 +41,7 @@ from workbench.analysis._common import load_mlx_model
 from workbench.analysis.lookahead import lookahead_recovery, lookahead_summary, routers_from_model
 from workbench.viz import charts
 from workbench.viz import widgets as wb
+from workbench.viz.headline import headline
 
 wb.setup()
 run = wb.record(model, prompt, max_tokens=max_tokens, moe_input=True)  # exact run, MoE inputs recorded
@@ -81,6 +82,11 @@ wb.show(charts.interval_chart(la, "source", "recovery", color="method", seed="se
 # %%
 wb.table(la[["method", "source", "recovery", "low", "high", "n_prompts", "seed"]],
          "Mean recovery over layers (k' = k), 95% bootstrap interval over prompts")
+best = la.sort_values("recovery", ascending=False).iloc[0]
+headline("How early can the next layers' experts be predicted?",
+         f"{best['source']} recovers {best['recovery']:.1%} of the top-k ({best['method']})",
+         "the reference model's trained routers; recovery is |predicted top-k ∩ actual top-k| / k, averaged over layers",
+         uncertainty=f"95% interval over {int(best['n_prompts'])} prompts: {best['low']:.1%}-{best['high']:.1%}")
 
 # %% [markdown]
 # ## Calibration of the predictors on prompts the fit never saw
