@@ -249,12 +249,9 @@ def cmd_demo(args) -> int:
 
     model = default_model()
     if not args.no_report:
-        try:
-            from .report import check_out
-        except ImportError:
-            pass
-        else:
-            check_out(args.out)  # refuse a directory the report may not replace before running anything
+        from .report import check_out
+
+        check_out(args.out)  # refuse a directory the report may not replace before running anything
     try:
         prompt = workload("code_heldout")[0]["text"]
     except ValueError:
@@ -266,10 +263,8 @@ def cmd_demo(args) -> int:
     print(f"prompt:\n{prompt}" if isinstance(prompt, str) else f"prompt ids: {prompt}")
     rc = cmd_run(args)
     if rc == 0 and not args.no_report:
-        try:
-            from .report import build_report
-        except ImportError:
-            return rc
+        from .report import build_report
+
         out = build_report(out=args.out, preset="small")
         if not out.published:
             print(f"demo: every report notebook failed; {out} was left as it was", file=sys.stderr)

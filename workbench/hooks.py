@@ -5,18 +5,15 @@ Names: ``layer.{i}.moe.input``, ``layer.{i}.router.logits``, ``layer.{i}.experts
 ``prefetch.outcome``, ``token.end``. A hook function is called ``fn(value, **ctx)``; if it
 returns something other than None, that replaces the value (meaningful for arrays such as
 router logits). With no subscriber the engine skips the call entirely (``hooks.active``).
+Forward points (``layer.{i}.moe.input``, ``layer.{i}.router.logits``) carry ``step`` and
+``attempt`` (a layer recomputed by optimistic decode fires again with a higher attempt); the
+others fire once per verified value.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from contextlib import contextmanager
-
-HOOK_NAMES = (
-    "layer.{i}.moe.input", "layer.{i}.router.logits", "layer.{i}.experts.selected",
-    "cache.hit", "cache.miss", "cache.evict", "io.submit", "io.done", "io.cancel",
-    "prefetch.outcome", "token.end",
-)
 
 
 class Hooks:
@@ -57,9 +54,6 @@ class Hooks:
             subs = list(self._exact.get(name, ())) + [f for p, f in self._patterns if fnmatch.fnmatchcase(name, p)]
             self._resolved[name] = subs
         return subs
-
-    def wants(self, name: str) -> bool:
-        return self.active and bool(self.subscribers(name))
 
     def fire(self, name: str, value=None, **ctx):
         for fn in self.subscribers(name):

@@ -2,7 +2,7 @@
 
 Used by the tests (tiny models built from each family's ``ModelArgs``, nothing downloaded),
 by benchmarks (bigger experts) and by ``workbench demo`` when no trained model is present.
-``moving=True`` keeps greedy tokens moving (see DESIGN.md "Benchmark honestly"): embeddings
+``moving=True`` keeps greedy tokens moving (a random model otherwise loops on one or two tokens and every cache looks perfect): embeddings
 scaled so each token survives the residual, stronger experts, and an output head that is a
 noisy successor map over a permutation of the vocabulary.
 """

@@ -69,7 +69,7 @@ def _cuda_available() -> bool:
 
 
 def prefill_cap(layer: int) -> int:
-    """Most experts one prefill wave of ``layer`` may stream (DESIGN.md: 256, 128 from layer 40)."""
+    """Most experts one prefill wave of ``layer`` may stream (256, 128 from layer 40)."""
     return 128 if layer >= 40 else 256
 
 
@@ -88,7 +88,7 @@ class Engine(SpeculativeMixin):
     def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
                  io_mode="buffered", verify="first", progress=True, decode="auto", device=None, writes=None,
                  preload="auto", sync_cost=None, seed=None):
-        """``decode``: auto (a controller picks per token), optimistic or layer (DESIGN.md section 3).
+        """``decode``: auto (a controller picks per token), optimistic or layer (README, "How the engine works").
         ``device``: cpu or gpu (default: MLX's default device). ``writes``: direct or staged slot
         writes (default by backend). ``preload``: auto reads every expert at open when the arena
         holds them all; True / False force it. ``seed``: seed MLX's generator right before the model

@@ -10,7 +10,7 @@ The family then recomputes gate weights from the *unboosted* probabilities of th
 set (``moce_weights`` shows the arithmetic; the bonus never enters the weights).
 
 ``ahead_candidates`` ranks *predicted* logits for a target layer for speculative reads, in
-three modes (DESIGN.md section 3):
+three modes:
 
 * ``"unpert1"``: raw top-k of the predicted logits (the original engine's default);
 * ``"unpert0"``: ranks beyond 3 use the resident bonus b (p fixed at 3, no r1);
@@ -19,7 +19,7 @@ three modes (DESIGN.md section 3):
 Candidates of a batch are merged (best rank over the batch, ties by expert id), and experts
 already mapped (resident or in flight) are skipped.
 
-Constructed check (DESIGN.md section 4): z_e = -0.1*e over 32 experts, residents 6..19,
+Constructed check: z_e = -0.1*e over 32 experts, residents 6..19,
 p=3, b=0.85, k=6: raw top-6 is {0..5}; cache-aware picks are {0, 1, 2, 6, 7, 8}; so only
 {0, 1, 2} need reading.
 """
