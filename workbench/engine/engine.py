@@ -263,7 +263,7 @@ class Engine(SpeculativeMixin):
                     self._moe_in, self._logits = {}, {}
                     logits = self.model(y[None], cache=cache)[:, -1, :]
                     y = self._sample(logits, sampler)
-                    self._check_finite(logits, y)
+                    self._check_finite(logits)
                     self.controller.observe(self._layers_missed())
                     token = int(y[0])
                 times.append(time.perf_counter() - t0)
@@ -380,7 +380,7 @@ class Engine(SpeculativeMixin):
         self.arena.unexpose()
         self.controller.observe(p.attempt)
         if not p.finite_ok:
-            self._check_finite(p.out, p.y)
+            self._check_finite(p.out)
         return p.out, ahead
 
     def _host_values(self, p, layers):
@@ -432,7 +432,7 @@ class Engine(SpeculativeMixin):
         rows = [self.counters.row(self.step, layer) for layer in self.m.moe_layers]
         return sum(1 for r in rows if r["sync_misses"] or r["prefetch_useful_late"])
 
-    def _check_finite(self, logits, y):
+    def _check_finite(self, logits):
         if bool(mx.all(mx.isfinite(logits)).item()):
             return
         raise EngineError(f"non-finite logits at decode step {self.step}: {self._first_nonfinite()}; "
