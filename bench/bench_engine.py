@@ -10,6 +10,7 @@ runs (so drifting load hits every side alike):
               copy to numpy): the reference any engine that syncs per layer is measured against
   streamed    the engine; hit rate, distinct tokens, optimistic tokens and recomputes beside it
 "no-read tokens" is the median over decode tokens that read nothing (every expert was resident).
+"host us/layer" is the engine's own cost per MoE layer above the sync floor: (streamed - floor) / layers.
 The trace row: a full trace recorder (MoE inputs included) against the untraced run at 100%.
 """
 
@@ -105,7 +106,8 @@ def main():
     floor_model = sync_floor_model(path)
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | model {path.name} | {platform.machine()} {platform.system()} | "
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
-    print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  recomp")
+    print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
+          "recomp  host-us/layer")
     combos = [(arena, decode, w) for arena in a.arenas.split(",") for decode in a.decode.split(",")
               for w in (a.writes.split(",") if a.writes else [None])]
     for arena, decode, writes in combos:
@@ -123,7 +125,8 @@ def main():
                 qm = f"{statistics.median(q):7.2f}" if q else "    n/a"
                 print(f"{arena:>5}  {decode:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
                       f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
-                      f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}", flush=True)
+                      f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  "
+                      f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}", flush=True)
                 if arena == "1.0" and (decode, writes) == combos[0][1:]:
                     with tempfile.TemporaryDirectory() as d:
                         plain, traced = [], []
