@@ -225,7 +225,8 @@ class Engine(SpeculativeMixin):
         if trace is not None:
             trace.attach(self)
         self.counters = self.arena.counters = Counters()
-        self.controller = Controller(self.decode, len(self.m.moe_layers), self.sync_cost)
+        self.controller = Controller(self.decode, len(self.m.moe_layers), self.sync_cost,
+                                     expect_misses=self.n_slots < self.m.n_routed)
         cache = make_prompt_cache(self.model)
         residency = hashlib.sha256()
         self.step = 0

@@ -30,11 +30,11 @@ class Controller:
     bound). Per-layer mode probes optimistic decode every ``probe`` tokens.
     """
 
-    def __init__(self, mode="auto", n_layers=1, sync=1.0, probe=16, decay=0.75):
+    def __init__(self, mode="auto", n_layers=1, sync=1.0, probe=16, decay=0.75, expect_misses=False):
         if mode not in ("auto", "optimistic", "layer"):
             raise ValueError(f"unknown decode mode {mode!r}; valid: auto, optimistic, layer")
         self.mode, self.n, self.sync, self.probe, self.decay = mode, n_layers, sync, probe, decay
-        self.recomputes = 0.0
+        self.recomputes = float(n_layers) if expect_misses else 0.0  # a partial arena starts per-layer
         self._since_probe = 0
 
     def optimistic(self) -> bool:
