@@ -450,10 +450,10 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
         comp = timing.compute(L)
         now = t_ready + comp
         # --- after_layer ----------------------------------------------------
-        for key in limbo_prev:  # released: an ordinary, still unpublished resident
+        for key in limbo_prev:  # released: unmapped, as the arena's after_layer does
             s = slots.get(key)
-            if s is not None:
-                s.limbo = False
+            if s is not None and s.limbo:
+                drop_slot(key)
         limbo_prev, limbo_cur = limbo_cur, set()
         if scorer is not None and r + dist < n_rows:
             tgt = r + dist
