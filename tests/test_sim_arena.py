@@ -5,6 +5,7 @@ import pytest
 
 from test_sim import _trace
 from workbench.io.replay import replay_io
+from workbench.arena.arena import OUTCOMES
 from workbench.sim.vtime import Timing, simulate
 
 
@@ -28,3 +29,82 @@ def test_unused_prefetch_is_unmapped_after_its_limbo(tmp_path, tiny):
     assert (tok.loc[2, "hits"], tok.loc[2, "sync_misses"]) == (1, 1)
     assert sim.summary["hits"] == io["hits"] and sim.summary["sync_misses"] == io["sync_misses"]
     assert sim.summary["prefetch"]["completed_unused"] == io["prefetch"]["completed_unused"] == 1
+
+
+SHAPE = dict(layers=4, experts=16, top_k=4, hidden=64, expert_width=32)
+COLS = ["hits", "misses", "sync_misses"] + [f"prefetch_{o}" for o in ("issued",) + OUTCOMES]
+
+
+def _timely(hooks, layers):
+    """Subscribe to ``hooks`` so every speculative read has landed before its layer is served
+    (every prefetch is timely), and record the residency hash after each token."""
+    reads, residency = [], {}
+
+    def submitted(req, **ctx):
+        if req.speculative:
+            reads.append(req)
+
+    def before_layer(value, **ctx):
+        for req in reads:
+            req.event.wait()
+        reads.clear()
+
+    hooks.add("io.submit", submitted)
+    for layer in layers:
+        hooks.add(f"layer.{layer}.experts.selected", before_layer)
+    return residency
+
+
+def _per_step(frame):
+    frame = frame[frame["phase"] == "decode"]
+    return frame.groupby(["step", "layer"])[COLS].sum().astype(int)
+
+
+def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
+    """One recorded run with per-layer read-ahead, through the live engine, ``replay_io`` and
+    ``simulate``, every prefetch timely: the same counters per (step, layer) and the same
+    residency after every token."""
+    from workbench.engine.counters import Counters
+    from workbench.engine.engine import Engine
+    from workbench.hooks import Hooks
+    from workbench.routing.setup import configure
+    from workbench.trace.recorder import TraceRecorder
+
+    _, store = tiny("qwen3_moe", 4, **SHAPE)
+    path = tmp_path / "run.parquet"
+    with Engine(store, arena="0.4", io_workers=4, decode="layer", progress=False) as eng:
+        configure(eng, predictor="layer", lookahead=1)
+        layers = eng.m.moe_layers
+        live_res = _timely(eng.hooks, layers)
+        eng.hooks.add("token.end", lambda v, step, **ctx: live_res.__setitem__(step, _hash(eng.arena)))
+        live = eng.generate([9], max_tokens=10, trace=TraceRecorder(path))
+    pf = live.stats["prefetch"]
+    assert pf["issued"] > 0 and pf["useful_timely"] > 0 and pf["completed_unused"] > 0
+    assert pf["useful_late"] == pf["cancelled_before_read"] == pf["partially_read"] == 0
+
+    hooks, seen = Hooks(), {}
+    io_res = _timely(hooks, layers)
+
+    def token_end(value, step, counters, arena, **ctx):
+        io_res[step] = _hash(arena)
+        seen["rows"] = counters
+
+    hooks.add("token.end", token_end)
+    replay_io(path, store, arena="0.4", prefetch="layer", distance=1, compute_ms=0.0, io_workers=4,
+              progress=False, hooks=hooks)
+    io_counters = Counters()
+    io_counters.rows = seen["rows"]
+    sim = simulate(path, "lru", "0.4", predictor="layer", distance=1,
+                   timing=Timing(pre_moe_s=1e-3, compute_s=1e-3, read_latency_s=1e-5, bandwidth=1e10))
+    sim_res = dict(zip(sim.tokens["step"], sim.tokens["residency"]))
+
+    want = _per_step(live.counters)
+    assert _per_step(io_counters.frame()).equals(want)
+    assert _per_step(sim.counters).equals(want)
+    assert io_res == live_res and sim_res == live_res and len(live_res) == 10
+
+
+def _hash(arena):
+    import hashlib
+
+    return hashlib.blake2b(arena.residency_signature(), digest_size=8).hexdigest()
