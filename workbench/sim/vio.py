@@ -76,14 +76,13 @@ class VirtualIO:
 
     # ---- the scheduler interface the arena calls -----------------------------------------
     def submit(self, req) -> None:
-        req.event = _Event(self, req)
-        req.t_submit = self.now
-        (self.urgent if req.urgent else self.spec).append(req)
+        self._queue(req)
         self._start_due(self.now)
 
     def submit_many(self, reqs) -> None:
         for req in reqs:
-            self.submit(req)
+            self._queue(req)
+        self._start_due(self.now)
 
     def promote(self, req) -> None:
         req.urgent = True
@@ -151,7 +150,14 @@ class VirtualIO:
         n, piece_t = self._pieces(nbytes)
         return (n - 1) * piece_t + self.t.read_latency_s + (nbytes - (n - 1) * pb) / self.bw
 
+    def _queue(self, req):
+        req.event = _Event(self, req)
+        req.t_submit = self.now
+        (self.urgent if req.urgent else self.spec).append(req)
+
     def _next(self, limit):
+        if not self.urgent and not self.spec:
+            return None
         best = None
         for w, free in enumerate(self.free_at):
             if self.urgent:
