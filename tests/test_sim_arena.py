@@ -22,7 +22,11 @@ def test_unused_prefetch_is_unmapped_after_its_limbo(tmp_path, tiny):
     arena's ``after_layer`` does), so token 2's lookup of it is a sync miss, not a hit."""
     _, store = tiny("qwen3_moe")
     p = _limbo_trace(tmp_path / "limbo.parquet", n_experts=8)
-    io = replay_io(p, store, arena="4", prefetch="x", distance=1, compute_ms=1.0, progress=False)
+    from workbench.hooks import Hooks
+
+    hooks = Hooks()
+    _timely(hooks, [0, 1])  # the prefetch lands before its layer, as in simulate's timing
+    io = replay_io(p, store, arena="4", prefetch="x", distance=1, compute_ms=1.0, progress=False, hooks=hooks)
     sim = simulate(p, "lru", 4, predictor="x", distance=1, timing=Timing(read_latency_s=0))
     tok = sim.tokens.set_index("step")
     assert io["hits"] == 1 and io["sync_misses"] == 3
