@@ -1,11 +1,9 @@
 """The simulators against the real arena: `simulate` (virtual time) and `ioreplay` (real reads)
 replay a trace through the same rules as the engine."""
 
-import pytest
-
 from test_sim import _trace
-from workbench.io.replay import replay_io
 from workbench.arena.arena import OUTCOMES
+from workbench.io.replay import replay_io
 from workbench.sim.vtime import Timing, simulate
 
 
@@ -41,7 +39,7 @@ COLS = ["hits", "misses", "sync_misses"] + [f"prefetch_{o}" for o in ("issued",)
 
 def _timely(hooks, layers):
     """Subscribe to ``hooks`` so every speculative read has landed before its layer is served
-    (every prefetch is timely), and record the residency hash after each token."""
+    (every prefetch is timely); returns a dict for the residency hash after each token."""
     reads, residency = [], {}
 
     def submitted(req, **ctx):
