@@ -168,12 +168,14 @@ def test_vtime_prefetch_never_evicts_its_target_layer(tmp_path):
 
 
 def test_vtime_wrong_predictions_outcomes(tmp_path):
-    sel = [[[t % 4], [t % 4]] for t in range(10)]
+    # the routes repeat, so target rows are hits: a target row with a sync miss cancels its
+    # unused prefetch only after waiting for that miss (as the arena does), when it has finished
+    sel = [[[t % 2], [t % 2]] for t in range(10)]
     wrong = [[[7], [7]] for _ in range(10)]
     p = _trace(tmp_path / "w.parquet", sel, preds=wrong, layers=[0, 1])
     piece = MB // 4
     t_piece = piece / 1e9
-    # pieces: at the target row the read is in its 2nd piece -> partially_read
+    # pieces: at a target row that hits, the read is in its 2nd piece -> partially_read
     r = simulate(p, "lru", 6, predictor="x", distance=1,
                  timing=Timing(compute_s=1e-3, pre_moe_s=1.5 * t_piece, read_latency_s=0, stream_bandwidth=1e9, piece_bytes=piece))
     pf = r.summary["prefetch"]

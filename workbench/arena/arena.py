@@ -17,6 +17,11 @@ Slot writes, per backend (``writes``):
   staged   reads land in a host buffer; a claimed read is copied into its slot by an MLX
            scatter, ordered on the device stream before any compute that reads it (CUDA,
            whose managed pages would otherwise migrate on every host write)
+  none     no slot memory: reads land nowhere and ``flush`` does nothing; the simulators
+           drive the same rules with an I/O backend of their own (``sim.vio``)
+
+The I/O backend (``scheduler``) takes ``submit``, ``submit_many``, ``promote``, ``cancel`` and
+``help`` of ``ReadRequest``s and sets each one's ``state`` and ``event`` (``io.scheduler``).
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ import numpy as np
 from ..io.scheduler import CANCELLED, DONE, FAILED, ReadRequest
 from ..store.manifest import StoreError
 from .policies import make_policy
+from .policies.base import Policy
 
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
 _DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloat16": mx.bfloat16,
            "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
 
 
-WRITE_MODES = ("direct", "staged")
+WRITE_MODES = ("direct", "staged", "none")
 
 
 class ArenaError(RuntimeError):
@@ -60,13 +66,18 @@ class Arena:
         self.counters = counters
         self.hooks = hooks
         n_keys = (max(manifest.moe_layers) + 1) * self.E
-        self.policy = make_policy(policy, n_slots, n_keys=n_keys, n_experts=self.E, **(policy_options or {}))
+        if isinstance(policy, Policy):  # built by the caller (the simulators accept classes and instances)
+            self.policy = policy
+        else:
+            self.policy = make_policy(policy, n_slots, n_keys=n_keys, n_experts=self.E, **(policy_options or {}))
         self.writes = writes or default_writes()
         if self.writes not in WRITE_MODES:
             raise ValueError(f"unknown slot write mode {self.writes!r}; valid: {', '.join(WRITE_MODES)}")
         self.placeholder = n_slots  # the extra row: zeros, never written
-        self.tensors = {t.name: mx.zeros((n_slots + 1, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
-        mx.eval(list(self.tensors.values()))
+        self.tensors = {}
+        if self.writes != "none":
+            self.tensors = {t.name: mx.zeros((n_slots + 1, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
+            mx.eval(list(self.tensors.values()))
         self.views = None
         if self.writes == "direct":
             raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
@@ -182,9 +193,11 @@ class Arena:
                     self.policy.admit(key)
                     c["misses"] += 1
                     c["sync_misses"] += 1
-                    blob = self.m.blob(layer, key - base)
-                    if self.io.reader.through_page_cache and self.io.reader.page_cache.cached(blob.offset, blob.size):
-                        c["page_cache_hits"] += 1
+                    reader = self.io.reader
+                    if reader is not None and reader.through_page_cache:
+                        blob = self.m.blob(layer, key - base)
+                        if reader.page_cache.cached(blob.offset, blob.size):
+                            c["page_cache_hits"] += 1
                     if self.hooks.active:
                         self.hooks.fire("cache.miss", key, layer=layer, expert=key - base, slot=s)
                     waits.append(self._read(s, key, batch))
@@ -333,7 +346,9 @@ class Arena:
     def _request(self, s, key, speculative=False) -> ReadRequest:
         layer, expert = divmod(key, self.E)
         blob = self.m.blob(layer, expert)
-        if self.views is not None:
+        if self.writes == "none":
+            req = ReadRequest(blob, None, s, speculative=speculative)
+        elif self.views is not None:
             req = ReadRequest(blob, self.views[s], s, speculative=speculative)
         else:  # staged: a host buffer split like the slot's tensors (reused, so the reader's piece cache holds)
             buffer = self._buffers.pop() if self._buffers else self._new_buffer()
@@ -464,6 +479,7 @@ class Arena:
         c = self.counters.row(self.step, layer)
         c["prefetch_" + outcome] += 1
         c["prefetch_" + outcome + "_bytes"] += req.blob.size
+        c["prefetch_" + outcome + "_bytes_read"] += req.bytes_read
         c["bytes_read"] += req.bytes_read
         if self.hooks.active:
             self.hooks.fire("prefetch.outcome", outcome, layer=layer, expert=req.blob.expert, slot=req.slot)

@@ -60,7 +60,7 @@ def expert_map(n_trace: int, n_store: int, how=None):
 
 def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetch=None, distance=1,
               io_mode="buffered", io_workers=8, io_reserved=2, max_steps=None, progress=True,
-              map_layers=None, map_experts=None, policy_options=None) -> dict:
+              map_layers=None, map_experts=None, policy_options=None, hooks=None) -> dict:
     """Replay ``trace`` (workbench.trace.schema.Trace) against ``store``.
 
     compute_ms: per-layer compute time in ms (default: the trace run's compute_s spread evenly).
@@ -68,7 +68,9 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
     predictor source ``SRC`` (the trace's ``pred_SRC`` column), issued ``distance`` layers early.
     ``trace`` is a Trace or a path. map_layers / map_experts: how a trace of another model maps onto
     the store (``layer_plan``, ``expert_map``); without them a mismatch is refused. Each token runs
-    every store MoE layer.
+    every store MoE layer. ``hooks``: a ``Hooks`` whose subscribers see the arena's points and, as in
+    the engine, ``layer.{i}.experts.selected`` before each layer and ``token.end`` after each token
+    (both also given ``arena=``).
     """
     from ..arena.policies.static import require_hotlist
     from ..checks import io_workers as check_workers
@@ -113,7 +115,7 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
                          "every decode step needs one row per MoE layer: re-record it")
     k = max(len(v) for v in sel.values())
     n_slots = arena_slots(arena, m.n_routed, m.expert_bytes, k)
-    counters, hooks = Counters(), Hooks()
+    counters, hooks = Counters(), hooks or Hooks()
     reader = BlobReader(store, m, mode=io_mode, verify="never")
     io = IOScheduler(reader, workers=io_workers, reserved=min(io_reserved, io_workers))
     ar = Arena(m, n_slots, io, counters, hooks, policy, policy_options)
@@ -125,7 +127,10 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
             ar.step = s
             counters.phase[s] = "decode"
             for i, (sl, tl) in enumerate(plan):
-                ar.at_layer(sl, np.unique(sel[(s, tl)]))
+                ids = np.unique(sel[(s, tl)])
+                if hooks.active:
+                    hooks.fire(f"layer.{sl}.experts.selected", ids, layer=sl, step=s, arena=ar)
+                ar.at_layer(sl, ids)
                 ar.release()
                 _busy(compute_ms / 1e3)
                 counters.row(s, sl)["compute_ns"] += int(compute_ms * 1e6)
@@ -140,6 +145,8 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
                             ar.prefetch(plan[ti][0], int(e), k)
             ar.policy.tick()
             times.append(time.perf_counter() - t0)
+            if hooks.active:
+                hooks.fire("token.end", None, step=s, counters=counters.rows, arena=ar)
         ar.finish_speculation()
     finally:
         io.close()

@@ -79,6 +79,9 @@ class TraceRecorder:
             c["moe_input"].extend(list(x))
         for src, cands in (engine.planner.candidates(layer) if engine.planner is not None else {}).items():
             c.setdefault(f"pred_{src}", [None] * (len(c["step"]) - n)).extend(cands)
+        for k, v in c.items():  # rows without a prediction: None, so later predictions stay on their rows
+            if k.startswith("pred_") and len(v) < len(c["step"]):
+                v.extend([None] * (len(c["step"]) - len(v)))
 
     def detach(self, engine):
         if self._hooked:
