@@ -112,6 +112,10 @@ class Engine(SpeculativeMixin):
             raise ValueError(f"unknown decode mode {decode!r}; valid: {', '.join(DECODE_MODES)}")
         self.root = Path(store)
         self.m = Manifest.load(self.root)
+        if self.m.data.get("synthetic"):
+            raise StoreError(f"{self.root} is a synthetic store (workbench synth-store): random experts and no real "
+                             "resident.safetensors, for ioreplay and sweep only; to generate, pack a real model "
+                             "(workbench pack MODEL_DIR STORE_DIR)")
         self.config = self.m.config
         if config_hash(self.config) != self.m.data["config_hash"]:
             raise StoreError(f"store {self.root} config does not match its manifest hash; pack the model again")
