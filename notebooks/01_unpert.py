@@ -58,6 +58,7 @@ from workbench.cli_policy import compare
 from workbench.engine.engine import Engine
 from workbench.routing.rank import moce_select, topk
 from workbench.viz import widgets as wb
+from workbench.viz.headline import headline
 
 wb.setup()
 model_dir = wb.model_path(model)
@@ -167,6 +168,14 @@ shares = strata[strata["quantity"].isin(["arena hit share", "prefetch hit share"
                                          "issued per lookup", "issue usefulness", "timely usefulness"])]
 wb.show(charts.interval_chart(shares, "quantity", "value", color="configuration", seed=["seed_low", "seed_high"],
                               y_format="%", title="Strata shares over the workload, 17.6% residency"), "strata_workload")
+sync = shares[shares["quantity"] == "sync miss share"]
+if len(sync):
+    r = sync.iloc[0]
+    headline("What do exact read-ahead and cache-aware routing buy at 17.6% residency?",
+             f"{r['configuration']}: {r['value']:.1%} of lookups are sync misses"
+             + "".join(f"; {o['configuration']}: {o['value']:.1%}" for _, o in sync.iloc[1:].iterrows()),
+             "per decode token over the workload; UNPERT=0 and route change the output (KL above), UNPERT=1 does not",
+             uncertainty=f"95% interval over prompts for {r['configuration']}: {r['low']:.1%}-{r['high']:.1%}")
 
 # %% [markdown]
 # **Reading it.** UNPERT=1 and two-hit are exact: their tokens equal the exact run and the KL

@@ -41,6 +41,7 @@ from workbench.analysis._common import load_mlx_model
 from workbench.analysis.gates import drop_weakest_error, gate_by_slot, gate_slot_mean, mlx_expert_outputs
 from workbench.viz import charts
 from workbench.viz import widgets as wb
+from workbench.viz.headline import headline
 
 wb.setup()
 run = wb.record(model, prompt, max_tokens=max_tokens, moe_input=True)
@@ -83,6 +84,11 @@ wb.show(charts.interval_chart(dw, "kept weights", "rel_error", color="method", s
 # %%
 wb.table(dw[["method", "kept weights", "rel_error", "low", "high", "n_prompts", "seed"]],
          "Relative L2 error with the weakest expert dropped (mean over layers), 95% interval over prompts")
+r = dw.iloc[-1]
+headline("What does dropping the weakest routed expert cost?",
+         f"{r['rel_error']:.1%} relative L2 error of the MoE block ({r['kept weights']}, {r['method']})",
+         "measured by re-running the model's experts on recorded inputs; approximate by construction",
+         uncertainty=f"95% interval over {int(r['n_prompts'])} prompts: {r['low']:.1%}-{r['high']:.1%}")
 
 # %% [markdown]
 # ## Gate weight by slot and drop-weakest error (live)
