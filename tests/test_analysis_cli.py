@@ -2,7 +2,6 @@
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 
 import numpy as np
@@ -107,10 +106,6 @@ def test_analyze_with_model_dir(tmp_path, capsys):
 def test_analyze_bounds(tmp_path, capsys):
     tr = tmp_path / "run.parquet"
     routes_trace(tr, periodic_routes(30, 2, 2, 3), 6)
-    if importlib.util.find_spec("workbench.analysis.bounds") is None:  # teammate's module not there yet
-        assert run(["analyze", str(tr), "--what", "bounds"]) == 2
-        assert "not available" in capsys.readouterr().err
-        return
     assert run(["analyze", str(tr), "--what", "bounds", "--max-slots", "6", "--budget", "4MB", "--no-chart"]) == 0
     out = capsys.readouterr().out
     assert "hit rate vs slots per layer" in out and "static pinning upper bound" in out

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from workbench.analysis.bounds import belady_misses
-from workbench.cli_sim import main as cli
+from workbench.cli import main as cli
 from workbench.sim.replay import replay
 from workbench.sim.requests import requests_from_trace
 from workbench.sim.synth import synthetic_trace

@@ -232,5 +232,7 @@ def test_cli_parses_and_reports_bad_input(tmp_path, capsys):
     args = parser.parse_args(["report", "--params", "small", "--out", "x", "--only", "01,05", "--jobs", "1"])
     assert (args.params, args.out, args.only, args.jobs, args.kernel) == ("small", "x", "01,05", 1, "python3")
     assert args.func is cli_report.run_report
-    rc = cli_report.main(["report", "--only", "99", "--out", str(tmp_path / "r")])
+    from workbench.cli import main
+
+    rc = main(["report", "--only", "99", "--out", str(tmp_path / "r")])
     assert rc == 2 and "no notebook matches 99" in capsys.readouterr().err

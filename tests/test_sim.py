@@ -5,7 +5,7 @@ import json
 import pytest
 
 from workbench.arena.policies.lru import LRU
-from workbench.cli_sim import main as cli
+from workbench.cli import main as cli
 from workbench.sim.replay import NotReplayableError, replay, replay_grid, replay_keys
 from workbench.sim.requests import parse_arena, requests_from_trace
 from workbench.sim.synth import synthetic_trace

@@ -252,15 +252,3 @@ def cmd_bound(args) -> int:
               + ", ".join(f"g={g}: {'never' if a != a else f'{a:.4f}'}" for g, a in be["by_g"].items()))
     print(f"assumptions: {assumptions}")
     return 0
-
-
-def main(argv=None) -> int:
-    """Stand-alone entry (the lead wires register() into workbench.cli)."""
-    p = argparse.ArgumentParser(prog="workbench")
-    register(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

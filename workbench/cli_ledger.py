@@ -62,14 +62,3 @@ def cmd_ledger(args) -> int:
     counts = led["verdict"].value_counts().to_dict()
     print("verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return 0
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="workbench")
-    register(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

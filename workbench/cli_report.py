@@ -45,17 +45,3 @@ def run_report(args) -> int:
         return 1
     print(f"report: {rep.out}/index.html ({rep.seconds:.1f} s)")
     return 0 if rep.ok else 1
-
-
-def main(argv=None) -> int:  # `python -m workbench.cli_report` until the lead wires cli.py
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="workbench")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

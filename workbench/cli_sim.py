@@ -166,17 +166,3 @@ def cmd_export(args) -> int:
         return _fail(err)
     print(f"wrote {n} requests to {args.out} ({args.format})")
     return 0
-
-
-def main(argv=None) -> int:
-    """Standalone entry (the lead wires ``register`` into ``workbench.cli``)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="workbench")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

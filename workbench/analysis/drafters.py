@@ -17,9 +17,9 @@ Drafters: ``ModelDrafter`` (an mlx-lm draft model sharing the tokenizer; greedy,
 that is trimmed on rejection), ``NGramDrafter`` (prompt lookup: the continuation of the most
 recent earlier occurrence of the trailing n-gram), any callable ``(context, n) -> tokens``.
 
-HOOKS for the streaming engine (the lead's part, not implemented here):
-  ``self_draft_drafter(engine)``  drafts with only resident experts (approximate, opt-in)
-  ``verify_union_cost(engine, ...)``  the real read cost of a verify pass over the union
+On the streaming engine: ``self_draft_drafter(engine)`` drafts with only resident experts
+(approximate, opt-in); ``verify_union_cost(engine, ...)`` is the real read cost of a verify pass
+over the union of a window's experts.
 """
 
 from __future__ import annotations
@@ -205,37 +205,22 @@ def drafter_acceptance(target_model, prompt_ids: Sequence[int], max_tokens: int,
 
 # --------------------------------------------------------------------------- engine hooks
 def self_draft_drafter(engine, **options) -> Callable[[Sequence[int], int], list[int]]:
-    """HOOK: self-draft from resident experts only (approximate, opt-in), needs the streaming engine.
-
-    Expects ``engine.draft_resident_only(context, n, **options) -> list[int]`` (greedy drafts with
-    missing experts dropped and the gate weights renormalized over the resident ones). The result
-    plugs into ``acceptance_table``; measure draft speed on the engine side.
-    """
-    fn = getattr(engine, "draft_resident_only", None)
-    if fn is None:
-        raise NotImplementedError(
-            "self-draft needs the streaming engine's draft_resident_only(context, n) (workbench.engine, "
-            "written by the lead); until it exists, measure the draft model and n-gram drafters")
+    """Self-draft from resident experts only (approximate, opt-in): ``engine.draft_resident_only``
+    (greedy drafts with missing experts dropped and the gate weights renormalized over the resident
+    ones). The result plugs into ``acceptance_table``; draft speed is measured on the engine side."""
 
     def draft(context, n):
-        return list(fn(list(context), n, **options)) if n > 0 else []
+        return list(engine.draft_resident_only(list(context), n, **options)) if n > 0 else []
 
     draft.name = "self_draft"
     return draft
 
 
 def verify_union_cost(engine, prompt_ids: Sequence[int], drafts: Sequence[int], **options) -> dict:
-    """HOOK: real cost of one verify pass that reads the union of the window's experts.
-
-    Expects ``engine.verify(prompt_ids, drafts, **options) -> dict`` with at least ``bytes_read``,
-    ``experts_read`` and ``seconds``. The trace-based estimate is ``union_by_window`` in union.py.
-    """
-    fn = getattr(engine, "verify", None)
-    if fn is None:
-        raise NotImplementedError(
-            "the verify-pass cost needs the streaming engine's verify(prompt_ids, drafts) (workbench.engine, "
-            "written by the lead); the trace-based union(g) estimate is workbench.analysis.union.union_by_window")
-    return dict(fn(list(prompt_ids), list(drafts), **options))
+    """Real cost of one verify pass that reads the union of the window's experts
+    (``engine.verify``: ``bytes_read``, ``experts_read``, ``seconds``, ...). The trace-based
+    estimate is ``union_by_window`` in union.py."""
+    return dict(engine.verify(list(prompt_ids), list(drafts), **options))
 
 
 def acceptance_ci(sequences: Mapping[str, tuple], drafters: Mapping[str, Callable],

@@ -13,17 +13,9 @@ reads here).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from ..io.scheduler import CANCELLED, DONE, QUEUED, RUNNING
-
-
-@dataclass(frozen=True)
-class Blob:
-    layer: int
-    expert: int
-    offset: int
-    size: int
+from ..store.manifest import Blob
 
 
 class TraceManifest:
@@ -35,7 +27,7 @@ class TraceManifest:
         self.n_experts, self.moe_layers, self.expert_bytes = n_experts, list(moe_layers), expert_bytes
 
     def blob(self, layer: int, expert: int) -> Blob:
-        return Blob(layer, expert, 0, self.expert_bytes)
+        return Blob(layer, expert, 0, self.expert_bytes, 0)
 
 
 class _Event:

@@ -211,7 +211,7 @@ def reliability_chart(table: pd.DataFrame) -> alt.Chart:
         "Reliability of claim probability q", "held-out trace; dashed: perfect calibration"))
 
 
-# --------------------------------------------------------------------------- bounds (teammate's tables)
+# --------------------------------------------------------------------------- bounds
 def hit_curve_chart(table: pd.DataFrame, x: str | None = None, y: str | None = None, color: str | None = None) -> alt.Chart:
     """Hit rate vs capacity. Column names are guessed (slots/capacity, hit_rate/hits, policy/layer) unless given."""
     cols = list(table.columns)

@@ -44,14 +44,9 @@ def is_static() -> bool:
 
 def setup() -> None:
     """Make plain ``display(chart)`` work offline too (svg renderer), once per kernel."""
-    try:  # the viz teammate's helper, when present, is the single place that decides
-        from workbench.viz.render import use_offline_renderer  # type: ignore
+    from workbench.viz.render import use_offline_renderer
 
-        use_offline_renderer()
-    except ImportError:
-        import altair as alt
-
-        alt.renderers.enable("svg")
+    use_offline_renderer()
 
 
 def _vl_version() -> str:
