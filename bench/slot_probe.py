@@ -1,11 +1,14 @@
 """Does every published slot hold exactly its expert's bytes? Where do non-finite values start?
+Is the backend deterministic run to run?
 
     python bench/slot_probe.py [--device gpu]
 
 On a tiny random 4-bit qwen3_moe (4 layers x 16 experts, top-4) and per slot-write mode: prefill
 and a few decode tokens per-layer, then compare every published slot's tensors, byte for byte, with
-its blob in the store; report whether resident mlx-lm and the engine produce finite logits; and check
-an isolated scatter into a slot tensor against numpy.
+its blob in the store; report whether resident mlx-lm and the engine produce finite logits; check
+an isolated scatter into a slot tensor against numpy; and repeat identical runs (resident mlx-lm on
+the reference and tiny models, the engine with read-ahead in auto decode): if repeats differ, a
+residency difference under injected read delays is the backend's nondeterminism, not I/O timing.
 """
 
 import argparse
@@ -93,9 +96,28 @@ def main():
         from mlx_lm.generate import generate_step
         from mlx_lm.utils import load_model
 
-        res_model, _ = load_model(model)
-        lps = [np.array(lp.astype(mx.float32)) for (_, lp), _ in zip(generate_step(mx.array(prompt), res_model), range(6))]
-        print(f"resident mlx-lm: finite logits at every step {all(np.isfinite(x).all() for x in lps)}")
+        from workbench.data import default_model
+        from workbench.routing.setup import configure
+
+        for name, path in (("reference", default_model()), ("tiny", model)):
+            res_model, _ = load_model(Path(path))
+            runs = [np.stack([np.array(lp.astype(mx.float32)) for (_, lp), _ in
+                              zip(generate_step(mx.array(prompt), res_model), range(12))]) for _ in range(4)]
+            same = [bool(np.array_equal(r, runs[0], equal_nan=True)) for r in runs[1:]]
+            nan = [int(np.isnan(r).any(axis=1).sum()) for r in runs]
+            spread = max(float(np.nanmax(np.abs(r - runs[0]))) for r in runs[1:])
+            print(f"resident {name}: repeats bit-identical {same}, steps with NaN per run {nan}, max |diff| {spread:.2e}")
+        lps = list(runs[-1][:6])  # the tiny model's last resident run
+        out = []
+        for _ in range(4):
+            with Engine(store, arena="0.4", io_workers=4, progress=False) as eng:
+                configure(eng, predictor="layer", lookahead=1, gate="confidence")
+                try:
+                    r = eng.generate(prompt, max_tokens=12)
+                    out.append((tuple(r.tokens), r.stats["residency_hash"]))
+                except EngineError as e:
+                    out.append(("non-finite", str(e)[:60]))
+        print(f"engine auto + read-ahead, 4 runs: distinct (tokens, residency) {len(set(out))}; {[o[1] for o in out]}")
         for writes in ("direct", "staged"):
             for arena in ("0.3", "0.6", "1.0"):
                 with Engine(store, arena=arena, writes=writes, decode="layer", progress=False) as eng:
