@@ -107,3 +107,29 @@ def test_auto_mode_switches_on_the_miss_pattern(tiny):
         tight = eng.generate(PROMPT, max_tokens=40)
     assert full.stats["optimistic_tokens"] == 12
     assert 0 < tight.stats["optimistic_tokens"] < 40  # probes only
+
+
+@pytest.mark.parametrize("decode", ["optimistic", "layer"])
+def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
+    """Staged writes (staging rows gathered into slots on the device) and direct writes give the
+    resident output, with read-ahead (speculative rows recycled or copied in), and staging rows are
+    reused rather than grown per read."""
+    from workbench.routing.setup import configure
+
+    model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    ref, ref_lp = resident_greedy(model_dir, PROMPT, 24)
+    outs = {}
+    for writes in ("direct", "staged"):
+        with Engine(store, arena="0.3", writes=writes, decode=decode, progress=False) as eng:
+            configure(eng, predictor="layer", lookahead=1)
+            res = eng.generate(PROMPT, max_tokens=24)
+            outs[writes] = (res.tokens, res.stats["residency_hash"])
+            assert res.tokens == ref, writes
+            np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL, err_msg=writes)
+            if writes == "staged":
+                staging = eng.arena.staging
+                rows = sum(c.shape[0] for c in staging.chunks)
+                reads = res.stats["misses"] + res.stats["prefill"]["misses"] + res.stats["prefetch"]["issued"]
+                assert reads > 2 * rows, (reads, rows)  # rows were reused
+                assert rows < eng.n_slots + 64
+    assert outs["direct"] == outs["staged"]

@@ -70,6 +70,32 @@ def test_oracle_prefetch_removes_sync_misses(store, tmp_path):
     assert res.stats["prefetch"]["completed_unused"] == 0  # the oracle never reads what is not claimed
 
 
+@pytest.mark.parametrize("writes", ["direct", "staged"])
+def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes):
+    """In optimistic decode the planner reads the next token's experts once a token is settled:
+    with the oracle (the next step's recorded picks) most claims that were sync misses become
+    prefetch hits, and the output stays exact in both slot-write modes (direct writes never evict
+    a slot that the token already running on the device reads)."""
+    from workbench.trace.recorder import TraceRecorder
+
+    path = tmp_path / "oracle.parquet"
+    ref, ref_lp = resident_greedy(store[0], PROMPT, 16)
+    with Engine(store[1], arena="0.5", decode="optimistic", writes=writes, progress=False) as eng:
+        plain = eng.generate(PROMPT, max_tokens=16, trace=TraceRecorder(path))
+    runs = {}
+    for predictor in ("oracle", "prev"):
+        with Engine(store[1], arena="0.5", decode="optimistic", writes=writes, io_workers=4, progress=False) as eng:
+            configure(eng, predictor=predictor, lookahead=1, oracle_trace=path if predictor == "oracle" else None)
+            res = runs[predictor] = eng.generate(PROMPT, max_tokens=16)
+        assert res.tokens == ref == plain.tokens, predictor
+        np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
+        assert res.stats["optimistic_tokens"] == 16 and res.stats["lookups"] == plain.stats["lookups"]
+        pf = res.stats["prefetch"]
+        assert pf["issued"] == sum(v for k, v in pf.items() if k != "issued") > 0
+        assert pf["useful_timely"] + pf["useful_late"] > 0, predictor
+    assert runs["oracle"].stats["sync_misses"] < plain.stats["sync_misses"] / 2
+
+
 def test_cache_aware_routing_trades_quality_for_hits(store):
     exact = _run(store, arena="0.35")
     moce = _run(store, arena="0.35", route=True, moce_bonus=4.0, moce_protect=1)
