@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .checks import io_workers, is_whole, real, whole
-from .engine.arena_size import arena_slots
+from .engine.arena_size import check_arena
 
 READ_MODES = ("buffered", "dontneed", "direct", "nocache")
 # always: every read is checksummed. changed: a blob is checksummed on its first read and again
@@ -49,7 +49,7 @@ class ArenaConfig:
     preload: bool | str = "auto"
 
     def __post_init__(self):
-        arena_slots(self.size, 2**62, 1, 1)  # the form only: slots need the model (arena_slots)
+        check_arena(self.size)
         if isinstance(self.policy, str) and not self.policy.strip():
             raise ValueError("--policy is empty; give a policy name such as lru")
         if self.policy_options is not None and not isinstance(self.policy_options, dict):
