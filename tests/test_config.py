@@ -171,3 +171,15 @@ def test_ioreplay_refuses_ahead_settings_it_cannot_replay(tiny, tmp_path):
     _, store = tiny("qwen3_moe", 4, **SHAPE)
     with pytest.raises(ValueError, match="use workbench simulate"):
         replay_io(tmp_path / "never-read.parquet", store, ahead=AheadConfig("layer", gate="confidence"))
+
+
+def test_sweep_lookahead_alone_sweeps_the_layer_predictor(tmp_path):
+    from workbench.cli_scale import sweep_grid
+
+    def grid(*flags):
+        return sweep_grid(build_parser().parse_args(["sweep", str(tmp_path / "t.parquet"), "--out", str(tmp_path / "o")]
+                                                    + list(flags)))
+
+    assert grid("--lookahead", "1,2").predictors == ["layer"] and grid("--lookahead", "1,2").distances == [1, 2]
+    assert grid().predictors == ["none"]
+    assert grid("--predictor", "none,oracle", "--lookahead", "1").predictors == ["none", "oracle"]
