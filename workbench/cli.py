@@ -46,9 +46,9 @@ def add_ahead_args(g, live: bool) -> None:
         g.add_argument("--predictor", default=None,
                        help="oracle, or a recorded source (the trace's pred_SRC column, e.g. layer); default: layer "
                             "when --lookahead is given, else no read-ahead")
-    g.add_argument("--lookahead", type=int, default=None,
-                   help="distance D in MoE layers ahead (default 1" + ("" if live else "; simulate: from the "
-                        "predictor's name") + "); without --predictor it implies --predictor layer")
+    default = "1" if live else "from the predictor's name: dN, 1 for oracle, one token for prev"
+    g.add_argument("--lookahead", type=int, default=None, help=f"distance D in MoE layers ahead (default {default}); "
+                                                               "without --predictor it implies --predictor layer")
     g.add_argument("--mode", default="unpert1", help="unpert1: exact router, raw top-k read-ahead | unpert0: "
                    "cache-aware router p=3 (approximate) | route: cache-aware router with --moce-* (approximate)"
                    + ("" if live else "; here it only ranks read-ahead candidates"))
