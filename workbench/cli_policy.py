@@ -56,6 +56,8 @@ def variant_configs(model, specs, common) -> dict:
     out = {}
     for spec in specs:
         name, _, flags = spec.partition("=")
+        if name in out:
+            raise ValueError(f"--variant {name} is given twice; give each variant its own NAME")
         out[name] = engine_config(parser.parse_args(["run", str(model), "--prompt-ids", "0"] + common + shlex.split(flags)))
     return out
 
