@@ -30,6 +30,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 from mlx_lm.utils import load_model
 
+from workbench.config import ArenaConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, cache_dir, parse_device
 from workbench.trace.recorder import TraceRecorder
@@ -127,7 +128,7 @@ def main():
     combos = [(arena, decode, w) for arena in a.arenas.split(",") for decode in a.decode.split(",")
               for w in (a.writes.split(",") if a.writes else [None])]
     for arena, decode, writes in combos:
-            with Engine.open(path, arena=arena, decode=decode, writes=writes, progress=False) as eng:
+            with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, progress=False) as eng:
                 streamed(eng, prompt, 8)  # warm: page cache and compiled kernels
                 r, f, s, q, stats = [], [], [], [], None
                 for _ in range(a.reps):

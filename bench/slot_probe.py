@@ -46,6 +46,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default=None)
     a = ap.parse_args()
+    from workbench.config import AheadConfig, ArenaConfig, IOConfig
     from workbench.engine.engine import Engine, EngineError, parse_device
     from workbench.randmodel import make_random_model
     from workbench.store.pack import pack
@@ -99,7 +100,6 @@ def main():
         from mlx_lm.utils import load_model
 
         from workbench.data import default_model
-        from workbench.routing.setup import configure
 
         for name, path in (("reference", default_model()), ("tiny h256 g64", stable), ("tiny", model)):
             res_model, _ = load_model(Path(path))
@@ -112,8 +112,8 @@ def main():
         lps = list(runs[-1][:6])  # the tiny model's last resident run
         out = []
         for _ in range(4):
-            with Engine(store, arena="0.4", io_workers=4, progress=False) as eng:
-                configure(eng, predictor="layer", lookahead=1, gate="confidence")
+            with Engine(store, arena="0.4", io=IOConfig(workers=4), ahead=AheadConfig("layer", 1, gate="confidence"),
+                        progress=False) as eng:
                 try:
                     r = eng.generate(prompt, max_tokens=12)
                     out.append((tuple(r.tokens), r.stats["residency_hash"]))
@@ -122,7 +122,7 @@ def main():
         print(f"engine auto + read-ahead, 4 runs: distinct (tokens, residency) {len(set(out))}; {[o[1] for o in out]}")
         for writes in ("direct", "staged"):
             for arena in ("0.3", "0.6", "1.0"):
-                with Engine(store, arena=arena, writes=writes, decode="layer", progress=False) as eng:
+                with Engine(store, arena=ArenaConfig(arena, writes=writes), decode="layer", progress=False) as eng:
                     seen = []
 
                     def watch(v, name, **ctx):

@@ -55,6 +55,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.cli_policy import compare
+from workbench.config import AheadConfig, ArenaConfig
 from workbench.engine.engine import Engine
 from workbench.routing.rank import moce_select, topk
 from workbench.viz import widgets as wb
@@ -93,12 +94,15 @@ pd.DataFrame({"ranking": ["raw top-6", "cache-aware (p=3, b=0.85)"],
 OUTCOMES = ["useful_timely", "useful_late", "completed_unused", "partially_read", "cancelled_before_read"]
 
 
-def variants(b, p, r1, lookahead):
-    pred = f"--predictor layer --lookahead {lookahead}"
-    v = [f"UNPERT1={pred} --unpert 1", f"UNPERT0={pred} --unpert 0 --moce-bonus {b}"]
+def variants(b, p, r1, arena, lookahead):
+    """Engine settings of each configuration: layer read-ahead, one ranking and routing mode each."""
+    lru, twohit = ArenaConfig(f"{arena:.4f}"), ArenaConfig(f"{arena:.4f}", "twohit")
+    v = {"UNPERT1": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="unpert1")),
+         "UNPERT0": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="unpert0", moce_bonus=b))}
     if b > 0:  # route with b <= 0 is the plain router: nothing to compare
-        v.append(f"route={pred} --route --moce-protect {p} --moce-bonus {b} --moce-r1 {r1}")
-    v.append(f"twohit={pred} --unpert 1 --policy twohit")
+        v["route"] = dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="route", moce_protect=p,
+                                                       moce_bonus=b, moce_r1=r1))
+    v["twohit"] = dict(arena=twohit, ahead=AheadConfig("layer", lookahead, mode="unpert1"))
     return v
 
 
@@ -107,8 +111,7 @@ LABELS = {"UNPERT1": "UNPERT=1", "UNPERT0": "UNPERT=0", "route": "route", "twohi
 
 def run_compare(b, p, r1, arena, lookahead=lookahead, max_tokens=max_tokens):
     p = min(int(p), k)
-    res = compare(str(model_dir), ids, max_tokens, variants(b, p, r1, lookahead),
-                  ["--arena", f"{arena:.4f}"], progress=False)
+    res = compare(str(model_dir), ids, max_tokens, variants(b, p, r1, arena, lookahead), progress=False)
     rows = []
     for s in res:
         rows.append({"configuration": LABELS[s["name"]], "sync misses": s["sync_misses"], "hits": s["hits"],

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import TOL, resident_greedy
+from workbench.config import IOConfig
 from workbench.engine.engine import Engine
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "gpt_oss", "glm4_moe"]
@@ -59,7 +60,7 @@ def test_read_modes_agree(tiny):
     _, store = tiny("qwen3_moe", 4)
     outs = {}
     for mode in available_modes():
-        with Engine(store, arena="0.25", io_mode=mode, verify="always", progress=False) as eng:
+        with Engine(store, arena="0.25", io=IOConfig(mode=mode, verify="always"), progress=False) as eng:
             outs[mode] = eng.generate(PROMPT, max_tokens=6).tokens
     assert len(set(map(tuple, outs.values()))) == 1, outs
 

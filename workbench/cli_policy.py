@@ -7,10 +7,10 @@ import json
 import shlex
 
 DEFAULT_VARIANTS = (
-    "unpert1=--predictor layer --unpert 1",
-    "unpert0=--predictor layer --unpert 0",
-    "route=--predictor layer --route",
-    "twohit=--predictor layer --unpert 1 --policy twohit",
+    "unpert1=--predictor layer --mode unpert1",
+    "unpert0=--predictor layer --mode unpert0",
+    "route=--predictor layer --mode route",
+    "twohit=--predictor layer --mode unpert1 --policy twohit",
 )
 ROWS = ("tokens_per_s", "hit_rate", "hits", "misses", "sync_misses", "evictions", "bytes_per_token",
         "prefetch.issued", "prefetch.cancelled_before_read", "prefetch.partially_read", "prefetch.completed_unused",
@@ -18,18 +18,18 @@ ROWS = ("tokens_per_s", "hit_rate", "hits", "misses", "sync_misses", "evictions"
         "residency_hash")
 
 
-def compare(model, prompt, max_tokens, variants, base_args, progress=True) -> list[dict]:
-    """Run each ``name=FLAGS`` variant on the same prompt; the first variant is the reference
-    for output identity, and exact decoding is the reference for quality cost."""
-    from .cli import build_parser, open_engine
+def compare(model, prompt, max_tokens, variants: dict, progress=True) -> list[dict]:
+    """Run each variant (name -> Engine keyword arguments: ``arena=ArenaConfig(...)``,
+    ``ahead=AheadConfig(...)``, ...) on the same prompt; the first variant is the reference for
+    output identity, and exact decoding is the reference for quality cost."""
+    from .engine.engine import Engine
     from .engine.quality import quality_cost
+    from .store.cache import resolve_store
 
-    parser = build_parser()
+    store = resolve_store(model, progress=progress)
     out, exact_lp, ref_tokens = [], None, None
-    for spec in variants:
-        name, _, flags = spec.partition("=")
-        args = parser.parse_args(["run", str(model), "--prompt-ids", "0"] + base_args + shlex.split(flags))
-        with open_engine(args, progress=progress) as eng:
+    for name, kw in variants.items():
+        with Engine(store, progress=progress, **kw) as eng:
             res = eng.generate(prompt, max_tokens=max_tokens, progress=progress)
             seq = res.prompt + res.tokens
             if exact_lp is None:
@@ -43,8 +43,22 @@ def compare(model, prompt, max_tokens, variants, base_args, progress=True) -> li
         s.update(quality_cost(exact_lp, approx_lp, exact_tokens))
         ref_tokens = ref_tokens or res.tokens
         s["same_tokens"] = res.tokens == ref_tokens
-        s["name"], s["flags"], s["tokens_out"] = name, flags, res.tokens
+        s["name"], s["tokens_out"] = name, res.tokens
         out.append(s)
+    return out
+
+
+def variant_configs(model, specs, common) -> dict:
+    """``NAME=FLAGS`` specs (``workbench run`` flags, after the ``common`` ones) as compare() variants."""
+    from .cli import build_parser, engine_config
+
+    parser = build_parser()
+    out = {}
+    for spec in specs:
+        name, _, flags = spec.partition("=")
+        if name in out:
+            raise ValueError(f"--variant {name} is given twice; give each variant its own NAME")
+        out[name] = engine_config(parser.parse_args(["run", str(model), "--prompt-ids", "0"] + common + shlex.split(flags)))
     return out
 
 
@@ -70,19 +84,24 @@ def cmd_compare(args) -> int:
     model = args.model or str(default_model())
     prompt = parse_ids(args.prompt_ids) if args.prompt_ids else (args.prompt or [1, 2, 3, 4, 5, 6, 7, 8])
     base = shlex.split(args.common) if args.common else []
-    results = compare(model, prompt, args.max_tokens, args.variant or list(DEFAULT_VARIANTS), base, progress=not args.json)
+    specs = args.variant or list(DEFAULT_VARIANTS)
+    results = compare(model, prompt, args.max_tokens, variant_configs(model, specs, base), progress=not args.json)
+    for r, spec in zip(results, specs):
+        r["flags"] = spec.partition("=")[2]
     print(json.dumps(results) if args.json else table(results))
     return 0
 
 
 def cmd_ioreplay(args) -> int:
+    from .cli import arena_config
+    from .config import AheadConfig, IOConfig
     from .io.replay import replay_io
 
-    stats = replay_io(args.trace, args.store, arena=args.arena, policy=args.policy,
-                      policy_options={"hotlist": args.hotlist} if args.hotlist else None,
-                      compute_ms=args.compute_ms, prefetch=args.prefetch, distance=args.lookahead,
-                      io_mode=args.io_mode, io_workers=args.io_workers, max_steps=args.max_steps,
-                      progress=not args.json, map_layers=args.map_layers, map_experts=args.map_experts)
+    stats = replay_io(args.trace, args.store, arena=arena_config(args),
+                      io=IOConfig(workers=args.io_workers, reserved=args.io_reserved, mode=args.io_mode, verify="never"),
+                      ahead=AheadConfig(predictor=args.predictor, lookahead=args.lookahead), compute_ms=args.compute_ms,
+                      max_steps=args.max_steps, progress=not args.json, map_layers=args.map_layers,
+                      map_experts=args.map_experts)
     if args.json:
         print(json.dumps(stats))
     else:
@@ -100,7 +119,7 @@ def register(sub) -> None:
     g.add_argument("--prompt")
     g.add_argument("--prompt-ids")
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--variant", action="append", help="NAME=FLAGS, e.g. 'u0=--predictor layer --unpert 0' (repeat)")
+    p.add_argument("--variant", action="append", help="NAME=FLAGS, e.g. 'u0=--predictor layer --mode unpert0' (repeat)")
     p.add_argument("--common", default="--arena 0.25", help="flags every variant shares (default: --arena 0.25)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
@@ -112,10 +131,13 @@ def register(sub) -> None:
     p.add_argument("--policy", default="lru")
     p.add_argument("--hotlist", help="hotlist file for --policy static or ds4")
     p.add_argument("--compute-ms", type=float, default=None, help="per-layer compute (default: from the trace's run)")
-    p.add_argument("--prefetch", default=None, help="oracle, or a recorded predictor source (trace column pred_SRC)")
-    p.add_argument("--lookahead", type=int, default=1)
+    p.add_argument("--predictor", default=None, help="read ahead: oracle, or a recorded predictor source (trace column "
+                                                     "pred_SRC, e.g. layer); default: layer when --lookahead is given")
+    p.add_argument("--lookahead", type=int, default=None, help="layers ahead a read is issued (default 1); without "
+                                                               "--predictor it implies --predictor layer")
     p.add_argument("--io-mode", default="buffered")
     p.add_argument("--io-workers", type=int, default=8)
+    p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--map-layers", choices=["modulo", "spread"], default=None,
                    help="replay a trace of another model: store layer j takes trace layer j mod n (modulo) "

@@ -19,10 +19,11 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
-from ..checks import io_workers as check_io_workers
+from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..model import ModelError, build_model, config_hash, expert_modules
+from ..routing.setup import configure
 from ..store.cache import cache_dir, resolve_store  # noqa: F401  (re-exported: callers import them from here)
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
@@ -85,26 +86,25 @@ class Result:
 
 
 class Engine(SpeculativeMixin):
-    def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
-                 io_mode="buffered", verify="first", progress=True, decode="auto", device=None, writes=None,
-                 preload="auto", sync_cost=None, seed=None):
-        """``decode``: auto (a controller picks per token), optimistic or layer (README, "How the engine works").
-        ``device``: cpu or gpu (default: MLX's default device). ``writes``: direct or staged slot
-        writes (default by backend). ``preload``: auto reads every expert at open when the arena
-        holds them all; True / False force it. ``seed``: seed MLX's generator right before the model
-        is built, where mlx-lm's generate seeds (building a model draws from it), so sampling at a
-        seed matches ``mlx_lm generate --seed``."""
-        check_io_workers("io_workers", io_workers, io_reserved, "io_reserved")  # before any thread or file
+    def __init__(self, store, arena: ArenaConfig | str | int | float = ArenaConfig(), io: IOConfig = IOConfig(),
+                 ahead: AheadConfig | None = None, decode="auto", device=None, sync_cost=None, seed=None, progress=True):
+        """``arena``: an ArenaConfig (a bare size such as "25%" means ``ArenaConfig(size)``); ``io``: an
+        IOConfig; ``ahead``: read-ahead and cache-aware routing (``routing.setup.configure``; None: exact,
+        no read-ahead). ``decode``: auto (a controller picks per token), optimistic or layer (README,
+        "How the engine works"). ``device``: cpu or gpu (default: MLX's default device). ``seed``: seed
+        MLX's generator right before the model is built, where mlx-lm's generate seeds (building a
+        model draws from it), so sampling at a seed matches ``mlx_lm generate --seed``."""
+        arena = as_arena(arena)
+        if not isinstance(io, IOConfig) or not (ahead is None or isinstance(ahead, AheadConfig)):
+            raise TypeError("Engine: io must be an IOConfig and ahead an AheadConfig (workbench.config)")
         self.reader = self.io = None
         try:
-            self._open(store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
-                       decode, device, writes, preload, sync_cost, seed)
+            self._open(store, arena, io, ahead, decode, device, sync_cost, seed, progress)
         except BaseException:
             self.close()  # a failed open leaves no thread or file behind
             raise
 
-    def _open(self, store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
-              decode, device, writes, preload, sync_cost, seed):
+    def _open(self, store, arena, io, ahead, decode, device, sync_cost, seed, progress):
         self.device = parse_device(device)
         if self.device is not None:
             mx.set_default_device(self.device)
@@ -124,10 +124,11 @@ class Engine(SpeculativeMixin):
         self.counters = Counters()
         self.top_k = self.m.top_k
         self.family = family_of(self.m.data["model_type"])
-        self.n_slots = arena_slots(arena, self.m.n_routed, self.m.expert_bytes, self.top_k)
-        self.reader = BlobReader(self.root, self.m, mode=io_mode, verify=verify)
-        self.io = IOScheduler(self.reader, workers=io_workers, reserved=min(io_reserved, io_workers))
-        self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, policy, policy_options, writes)
+        self.n_slots = arena_slots(arena.size, self.m.n_routed, self.m.expert_bytes, self.top_k)
+        self.reader = BlobReader(self.root, self.m, mode=io.mode, verify=io.verify)
+        self.io = IOScheduler(self.reader, workers=io.workers, reserved=io.reserved)
+        self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, arena.policy, arena.options,
+                           arena.writes)
         if seed is not None:
             mx.random.seed(seed)
         self.model = self._build_model()
@@ -136,16 +137,17 @@ class Engine(SpeculativeMixin):
         self.sync_cost = SYNC_COST[backend] if sync_cost is None else float(sync_cost)
         self._opt = None
         warm = self.arena.policy.warm_keys()
-        if preload is True or (preload == "auto" and self.n_slots >= self.m.n_routed):
+        if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
             warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
         self.arena.preload(list(dict.fromkeys(warm)))
         self.recorder = None
-        self.planner = None  # read-ahead planner (routing.ahead), optional
+        self.planner = None  # read-ahead planner (routing.ahead), optional; set by configure
         self.router = None  # cache-aware router (routing.moce), optional; None = exact
         self._moe_in, self._logits = {}, {}
         self._tokenizer = None
         self._prompt_hot = []
         self.step = 0
+        configure(self, ahead)  # the planner and router (None: exact, no read-ahead)
 
     @classmethod
     def open(cls, path, **kw) -> "Engine":

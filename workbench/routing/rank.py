@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import AHEAD_MODES
+
 __all__ = ["topk", "moce_select", "moce_weights", "ahead_candidates", "AHEAD_MODES"]
 
-AHEAD_MODES = ("unpert1", "unpert0", "route")
 
 
 def _rank_rows(score, k, exclude=None):

@@ -16,13 +16,9 @@ import zlib
 
 import numpy as np
 
+from ..config import READ_MODES, VERIFY_MODES
 from .manifest import EXPERTS, Blob, StoreError
 
-READ_MODES = ("buffered", "dontneed", "direct", "nocache")
-# always: every read is checksummed. changed: a blob is checksummed on its first read and again
-# whenever experts.bin's size or mtime differs from when it was last checked (one fstat per read).
-# first: only the first read of each blob. never: no checksums.
-VERIFY_MODES = ("always", "changed", "first", "never")
 PIECE_BYTES = 1 << 20
 
 
