@@ -115,14 +115,14 @@ def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
     """Staged writes (staging rows gathered into slots on the device) and direct writes give the
     resident output, with read-ahead (speculative rows recycled or copied in), and staging rows are
     reused rather than grown per read."""
-    from workbench.routing.setup import configure
+    from workbench.config import AheadConfig, ArenaConfig
 
     model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 24)
     outs = {}
     for writes in ("direct", "staged"):
-        with Engine(store, arena="0.3", writes=writes, decode=decode, progress=False) as eng:
-            configure(eng, predictor="layer", lookahead=1)
+        with Engine(store, arena=ArenaConfig("0.3", writes=writes), ahead=AheadConfig(predictor="layer", lookahead=1),
+                    decode=decode, progress=False) as eng:
             res = eng.generate(PROMPT, max_tokens=24)
             outs[writes] = (res.tokens, res.stats["residency_hash"])
             assert res.tokens == ref, writes

@@ -81,12 +81,13 @@ def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes
 
     path = tmp_path / "oracle.parquet"
     ref, ref_lp = resident_greedy(store[0], PROMPT, 16)
-    with Engine(store[1], arena="0.5", decode="optimistic", writes=writes, progress=False) as eng:
+    with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), decode="optimistic", progress=False) as eng:
         plain = eng.generate(PROMPT, max_tokens=16, trace=TraceRecorder(path))
     runs = {}
     for predictor in ("oracle", "prev"):
-        with Engine(store[1], arena="0.5", decode="optimistic", writes=writes, io_workers=4, progress=False) as eng:
-            configure(eng, predictor=predictor, lookahead=1, oracle_trace=path if predictor == "oracle" else None)
+        ahead = AheadConfig(predictor=predictor, lookahead=1, oracle_trace=str(path) if predictor == "oracle" else None)
+        with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), io=IOConfig(workers=4), ahead=ahead,
+                    decode="optimistic", progress=False) as eng:
             res = runs[predictor] = eng.generate(PROMPT, max_tokens=16)
         assert res.tokens == ref == plain.tokens, predictor
         np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
