@@ -45,10 +45,13 @@ import numpy as np
 from workbench.analysis.union import (break_even, ceiling, fit_union_slope, parse_union_table, speedup_bound,
                                       speedup_grid, union_by_window, union_table)
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
+from workbench.viz.panel import panel
+from workbench.viz.session import record
 
 wb.setup()
-run = wb.record(model, prompt, max_tokens=max_tokens)
+run = record(model, prompt, max_tokens=max_tokens)
 measured = union_by_window(run.trace, range(1, min(g_max, max_tokens) + 1))
 k = int(measured.attrs["k"])
 slope = fit_union_slope(measured, k)
@@ -157,8 +160,8 @@ def render(union_text, union_k, mode):
     return [("speedup_typed", charts.speedup_chart(grid)), note, ("bound", wb.table(bound, "Best window per acceptance"))]
 
 
-wb.panel(render, {
-    "union_text": wb.text("union table", union_text, placeholder="1:8,2:13.42,3:17.99,8:35.01"),
-    "union_k": wb.slider("k", 1, 16, 1, value=int(union_k), expensive=False),
-    "mode": wb.dropdown("mode", ["table", "interp", "fit"], value="table"),
+panel(render, {
+    "union_text": ui.text("union table", union_text, placeholder="1:8,2:13.42,3:17.99,8:35.01"),
+    "union_k": ui.slider("k", 1, 16, 1, value=int(union_k), expensive=False),
+    "mode": ui.dropdown("mode", ["table", "interp", "fit"], value="table"),
 }, name="speedup_typed", title="Speedup bound from a typed union table")

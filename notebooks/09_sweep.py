@@ -41,12 +41,15 @@ small = False           # CI preset (a tiny sweep)
 import tempfile
 
 from workbench.sim.sweep import Grid, load_sweep, sweep
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
 from workbench.viz import sweep as sv
-from workbench.viz import widgets as wb
+from workbench.viz.panel import panel
+from workbench.viz.session import record
 
 wb.setup()
 if sweep_dir is None:
-    run = wb.record(model, max_tokens=max_tokens)
+    run = record(model, max_tokens=max_tokens)
     sweep_dir = tempfile.mkdtemp(prefix="wb-sweep-")
     grid = Grid(traces=[("reference", str(run.path))], policies=policies.split(","), arenas=arenas.split(","),
                 predictors=predictors.split(","))
@@ -72,9 +75,9 @@ def render(metric, predictor, workload, gate):
     return sv.slice_heatmap(df, metric, predictor=predictor, workload=workload, gate=gate)
 
 
-wb.panel(render, {
-    "metric": wb.dropdown("metric", [m for m in sv.METRICS if m in df.columns]),
-    "predictor": wb.dropdown("predictor", sv.axis_values(df, "predictor")),
-    "workload": wb.dropdown("workload", sv.axis_values(df, "workload")),
-    "gate": wb.dropdown("gate", sv.axis_values(df, "gate")),
+panel(render, {
+    "metric": ui.dropdown("metric", [m for m in sv.METRICS if m in df.columns]),
+    "predictor": ui.dropdown("predictor", sv.axis_values(df, "predictor")),
+    "workload": ui.dropdown("workload", sv.axis_values(df, "workload")),
+    "gate": ui.dropdown("gate", sv.axis_values(df, "gate")),
 }, name="sweep_live", title="Sweep slice")

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from workbench import report
-from workbench.viz import widgets as wb
+from workbench.viz.render import spec_rows
 
 NB_DIR = report.NOTEBOOK_DIR
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -69,12 +69,12 @@ def test_small_report_runs_every_notebook(small_report):
 def test_notebook_charts_have_data(small_report, name):
     out, rep = small_report
     res = next(r for r in rep.notebooks if r.name == name)
-    assert res.charts, f"{name} registered no chart (use workbench.viz.widgets.show or a panel)"
+    assert res.charts, f"{name} registered no chart (use workbench.viz.display.show or a panel)"
     nb = nbformat.read(out / res.notebook, as_version=4)
     specs = report.extract_charts(nb)
     assert [c["name"] for c in specs] == [c["name"] for c in res.charts]
     for c, spec in zip(res.charts, specs):
-        assert c["rows"] > 0 and wb.spec_rows(spec["spec"]) == c["rows"], f"{name}/{c['name']} has no data"
+        assert c["rows"] > 0 and spec_rows(spec["spec"]) == c["rows"], f"{name}/{c['name']} has no data"
         assert spec["title"], f"{name}/{c['name']} has no title"
         assert (out / c["png"]).read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / c["svg"]).read_text()[:500]

@@ -12,7 +12,6 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from .palette import NAMED as NAMED_COLORS  # noqa: F401  (one palette for every chart)
 from .palette import PALETTE, color_scale, natural_key, natural_sorted
 
 
@@ -328,3 +327,29 @@ def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
             width=200, height=160, title="Peak memory"),
     ).properties(title=_title("Fit my machine: what an arena of each size costs and buys",
                               "one run per size; the model's non-expert weights stay resident as well"))
+
+
+# --------------------------------------------------------------------------- read path
+def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit", subtitle: str | None = None):
+    """Bars of GB/s per method (threads on the axis), faceted by read mode and cache state."""
+    t = table.copy()
+    t["cache"] = t["cold"].map({True: "cold", False: "warm"})
+    t["what"] = [f"{m} ×{th}" if m.startswith("store") else m for m, th in zip(t["method"], t["threads"])]
+    t["what"] = t["what"].str.replace("store blobs (preadv into slots)", "store → slots", regex=False)
+    t["panel"] = t["mode"] + ", " + t["cache"]
+    t["kind"] = ["sequential limit" if m == "sequential" else ("store → slots" if m.startswith("store") else "single copy")
+                 for m in t["method"]]
+    order = list(dict.fromkeys(t["what"]))
+    scale = color_scale(["sequential limit", "store → slots", "single copy"])
+    bars = alt.Chart(t).mark_bar().encode(
+        y=alt.Y("what:N", sort=order, title=None),
+        x=alt.X("gbps:Q", title="throughput (GB/s)"),
+        color=alt.Color("kind:N", scale=scale, title="method"),
+        tooltip=["method", "mode", "threads", "cache", alt.Tooltip("gbps:Q", format=".3f"),
+                 alt.Tooltip("share_of_sequential:Q", format=".0%")],
+    ).properties(width=300, height=alt.Step(16))
+    if "gbps_min" in t and (t["gbps_max"] > t["gbps_min"]).any():  # the spread of the repeats
+        bars = bars + alt.Chart(t).mark_rule(color="black").encode(
+            y=alt.Y("what:N", sort=order), x="gbps_min:Q", x2="gbps_max:Q")
+    return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).properties(
+        title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start"))
