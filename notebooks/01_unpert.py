@@ -129,7 +129,9 @@ def render(b, p, r1, arena):
     df = run_compare(b, p, r1, arena)
     sub = f"arena {arena:.0%}, b={b:.2f}, p={int(p)}, r1={r1:.2f}, {max_tokens} tokens, lookahead {lookahead}"
     counters = counter_charts.compare_chart(df, "configuration", ["sync misses", "MB read / token", "hit rate (%)", "tokens / s"],
-                                "Sync misses, bytes and speed by configuration", sub, fmt=",.3f")
+                                            "Sync misses, bytes and speed by configuration", sub, fmt=",.3f",
+                                            labels={"sync misses": "sync misses (count)", "MB read / token": "read (MB/token)",
+                                                    "tokens / s": "decode speed (tokens/s)"})
     outcomes = counter_charts.outcome_chart(df, "configuration", OUTCOMES, subtitle="every issued read-ahead ends in exactly one class")
     quality = df[["configuration", "same tokens as UNPERT=1", "mean KL vs exact (nats)", "perplexity exact",
                   "perplexity approx", "residency hash"]]

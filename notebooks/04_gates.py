@@ -73,7 +73,7 @@ from workbench.analysis.workload import METHODS, notebook_workload, phase
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
 gs = pd.concat([gate_slots_ci(w.traces(), phase(m)).assign(method=m) for m in METHODS], ignore_index=True)
 gs["seed"] = gs["slot"].map(GATE_SLOT_IDS).map(lambda c: seed_of(c) if isinstance(c, str) else float("nan"))
-wb.show(charts.interval_chart(gs, "slot", "mean_weight", color="method", seed="seed",
+wb.show(charts.interval_chart(gs, "slot", "mean_weight", color="method", seed="seed", y_title="mean gate weight (share)",
                               title="Gate weight by slot over the workload"), "gate_slots_workload")
 
 # %%

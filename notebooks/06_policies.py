@@ -130,10 +130,10 @@ from workbench.analysis.live import policy_runs, policy_table, seed_slru_saving,
 arenas_slru = [float(a) for a in slru_arenas.split(",") if a.strip()]
 pol = policy_table(policy_runs(w, ("lru", "slru"), arenas_slru[1:2] if small else arenas_slru,
                                max_tokens=4 if small else slru_tokens, progress=not wb.is_static()))
-wb.show(charts.policy_ci_chart(pol, "mb_read", "Decode bytes read, LRU vs SLRU-cold", "MB read"), "slru_bytes")
+wb.show(charts.policy_ci_chart(pol, "mb_read", "Decode bytes read, LRU vs SLRU-cold", "decode bytes read (MB)"), "slru_bytes")
 
 # %%
-wb.show(charts.policy_ci_chart(pol, "tokens_per_s", "Decode speed, LRU vs SLRU-cold", "tokens / s"), "slru_speed")
+wb.show(charts.policy_ci_chart(pol, "tokens_per_s", "Decode speed, LRU vs SLRU-cold", "decode speed (tokens/s)"), "slru_speed")
 
 # %%
 pol["value [95% interval]"] = with_interval_text(pol)
@@ -206,8 +206,9 @@ def render(arena_share, chosen):
     g = pd.concat([g, pd.DataFrame([{"policy": "belady", "hit_rate": b, "misses": int(round((1 - b) * len(keys)))}])])
     g["miss rate"] = 1 - g["hit_rate"]
     return counter_charts.compare_chart(g.rename(columns={"policy": "policy", "hit_rate": "hit rate"}), "policy",
-                            ["hit rate", "misses"], f"Policies at {arena_share:.0%} of experts ({cap} slots)",
-                            "decode requests; belady: offline optimum", fmt=",.3f")
+                                        ["hit rate", "misses"], f"Policies at {arena_share:.0%} of experts ({cap} slots)",
+                                        "decode requests; belady: offline optimum", fmt=",.3f",
+                                        labels={"hit rate": "hit rate (share)", "misses": "misses (count)"})
 
 
 panel(render, {

@@ -15,6 +15,7 @@ import pytest
 
 from workbench import report
 from workbench.viz.render import spec_rows
+from workbench.viz.units import axes_without_unit
 
 NB_DIR = report.NOTEBOOK_DIR
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -76,6 +77,7 @@ def test_notebook_charts_have_data(small_report, name):
     for c, spec in zip(res.charts, specs):
         assert c["rows"] > 0 and spec_rows(spec["spec"]) == c["rows"], f"{name}/{c['name']} has no data"
         assert spec["title"], f"{name}/{c['name']} has no title"
+        assert axes_without_unit(spec["spec"]) == [], f"{name}/{c['name']}: axes without a unit"
         assert (out / c["png"]).read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / c["svg"]).read_text()[:500]
         json.loads((out / c["spec"]).read_text())

@@ -40,23 +40,20 @@ def token_counters_chart(counters, title: str = "Arena per decoded token", subti
 
 def compare_chart(df, config: str, metrics: list[str], title: str, subtitle: str | None = None,
                   labels: dict | None = None, fmt: str = ",.0f"):
-    """One bar panel per metric, one bar per configuration (colour = configuration)."""
+    """One bar panel per metric, one bar per configuration (colour = configuration). Each panel's
+    y axis is titled with the metric's label (``labels``, else its name), unit included."""
     import altair as alt
 
     labels = labels or {}
-    long = df.melt(id_vars=[config], value_vars=metrics, var_name="metric", value_name="value")
-    long["metric"] = long["metric"].map(lambda m: labels.get(m, m))
     order = list(dict.fromkeys(df[config]))
-    return alt.Chart(long).mark_bar().encode(
+    color = alt.Color(f"{config}:N", sort=order, title=config.replace("_", " "), scale=color_scale(order))
+    panels = [alt.Chart(df).mark_bar().encode(
         x=alt.X(f"{config}:N", sort=order, title=None, axis=alt.Axis(labels=False, ticks=False)),
-        y=alt.Y("value:Q", title=None),
-        color=alt.Color(f"{config}:N", sort=order, title=config.replace("_", " "),
-                        scale=color_scale(order)),
-        column=alt.Column("metric:N", title=None, sort=[labels.get(m, m) for m in metrics],
-                          header=alt.Header(labelFontWeight="bold", labelFontSize=12)),
-        tooltip=[config, "metric", alt.Tooltip("value:Q", format=fmt)],
-    ).properties(width=110, height=180, title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start")
-                 ).resolve_scale(y="independent")
+        y=alt.Y(field=m, type="quantitative", title=labels.get(m, m)),
+        color=color,
+        tooltip=[config, alt.Tooltip(field=m, type="quantitative", format=fmt)],
+    ).properties(width=110, height=180) for m in metrics]
+    return alt.hconcat(*panels).properties(title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start"))
 
 
 def outcome_chart(df, config: str, outcomes: list[str], title: str = "Prefetch outcome classes",
