@@ -7,6 +7,7 @@ The run is one report build (notebooks two at a time); its timings are printed.
 from __future__ import annotations
 
 import ast
+import html
 import json
 import time
 
@@ -84,6 +85,16 @@ def test_notebook_charts_have_data(small_report, name):
     page = (out / res.page).read_text()
     assert report.find_remote_refs(page) == []
     assert "Traceback" not in page and "Error loading script" not in page
+
+
+def test_index_shows_every_headline(small_report):
+    out, rep = small_report
+    index = (out / "index.html").read_text()
+    assert "no headline recorded" not in index
+    for r in rep.notebooks:
+        h = r.headline
+        assert h.get("value") and h.get("uncertainty") and h.get("caveat"), f"{r.name} records no full headline: {h}"
+        assert html.escape(h["question"]) in index
 
 
 def test_index_links_everything(small_report):
