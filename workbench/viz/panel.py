@@ -6,56 +6,40 @@ see ``display.bundles``) replaces the Output's content. The measurement is re-ru
 function inside ``render``; the notebook is not re-run. In static mode (``workbench report``) the
 panel renders once with the initial values straight into the cell output.
 
-Stale runs are dropped. In a kernel with a front end (JupyterLab), a control change only records
-a request: one worker thread runs each panel's latest request once its controls have been still
-for ``debounce_s``. Three arrow presses while a run is in flight cost that run and one run at the
-last value; the in-flight run, now stale, is not drawn. A render that calls ``stream`` or
-``check`` (e.g. from a ``token.end`` hook) stops at its next call instead. The worker and the
-notebook's cells take turns (a cell waits for the render in flight, no render starts while a cell
-runs), so MLX is never driven from two threads at once.
+Stale runs are dropped, latest value wins. In a live kernel a control change does not run the
+measurement in the change handler: it (re)schedules one run on the kernel's event loop,
+``debounce_s`` later. The kernel handles the next control messages first, so quick changes
+(each arrow press is one) replace the scheduled run instead of queueing one each, and changes
+that arrive while a run is in flight (the kernel holds them until it returns) lead to one more
+run, at the last value. Runs stay on the kernel's main thread: MLX evaluates a lazy array only
+on the thread that built it, and cells and panels never run at once.
 
-Without a front end (tests, plain Python), with ``background=False``, and for the first render
-when the panel is displayed, ``update`` runs synchronously in the caller.
+Without an event loop (tests, plain Python), with ``sync=True``, and for the first render when
+the panel is displayed, ``update`` runs synchronously in the caller.
 """
 
 from __future__ import annotations
 
 import html
-import threading
 import time
 import traceback
 from typing import Any, Callable, Mapping
 
 from .display import bundles, is_static
 
-_local = threading.local()  # .panel: the panel whose render function runs in this thread
-
-
-class Stale(Exception):
-    """Raised by ``check`` (and ``stream``) inside a render whose panel has a newer request."""
-
-
-def check() -> None:
-    """Stop the running render (raise ``Stale``) when its panel's values changed since it began.
-
-    Call it from a long measurement, e.g. a ``token.end`` hook, to drop a stale run at the next
-    token; it does nothing outside a panel or when nothing newer is waiting."""
-    p = getattr(_local, "panel", None)
-    if p is not None and p.stale():
-        raise Stale(f"panel {p.name!r}: the controls changed; this run is dropped")
+_active: "Panel | None" = None  # the panel whose render function is running
 
 
 def stream(obj, name: str | None = None, every_s: float = 0.3) -> bool:
     """Show an intermediate result while a live panel's render function is still running.
 
     Call it from a long measurement (e.g. a ``token.end`` hook) to watch charts grow; it redraws
-    at most every ``every_s`` seconds and does nothing in static runs or outside a panel. It also
-    calls ``check``, so a stale run stops here. Returns True when it redrew.
+    at most every ``every_s`` seconds and does nothing in static runs or outside a panel. Returns
+    True when it redrew.
     """
-    p = getattr(_local, "panel", None)
+    p = _active
     if p is None or is_static() or p._out is None:
         return False
-    check()
     now = time.perf_counter()
     if now - p._last_stream < every_s:
         return False
@@ -64,99 +48,21 @@ def stream(obj, name: str | None = None, every_s: float = 0.3) -> bool:
     return True
 
 
-def _has_front_end() -> bool:
-    from IPython import get_ipython
+def _kernel_loop():
+    """The event loop running in this thread (ipykernel's, in a live kernel), else None."""
+    import asyncio
 
-    return getattr(get_ipython(), "kernel", None) is not None and not is_static()
-
-
-class _Worker:
-    """One thread that runs the panels' latest requests in request order, between cells."""
-
-    def __init__(self):
-        self.cv = threading.Condition()
-        self.queue: list[Panel] = []  # panels with a request not yet started
-        self.busy: Panel | None = None
-        self.cell_running = False
-        self.thread: threading.Thread | None = None
-        self.hooked = False
-
-    def submit(self, panel: "Panel") -> None:
-        with self.cv:
-            if panel._pending is not None:
-                panel.dropped += 1  # the waiting request never runs: the newer one replaces it
-            panel._pending = time.monotonic()
-            if panel not in self.queue:
-                self.queue.append(panel)
-            self._hook_cells()
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._loop, name="workbench-panels", daemon=True)
-                self.thread.start()
-            self.cv.notify_all()
-
-    def _next(self) -> "Panel":
-        with self.cv:
-            while True:
-                if self.queue and not self.cell_running:
-                    p = self.queue[0]
-                    wait = p._pending + p.debounce_s - time.monotonic()
-                    if wait <= 0:  # its controls have been still for debounce_s
-                        self.queue.pop(0)
-                        p._pending = None
-                        self.busy = p
-                        return p
-                    self.cv.wait(wait)
-                else:
-                    self.cv.wait()
-
-    def _loop(self) -> None:
-        while True:
-            p = self._next()
-            try:
-                p.update()
-            finally:
-                with self.cv:
-                    self.busy = None
-                    self.cv.notify_all()
-
-    def idle(self) -> bool:
-        return not self.queue and self.busy is None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until no request is queued or running (True), or ``timeout`` passed (False)."""
-        with self.cv:
-            return self.cv.wait_for(self.idle, timeout)
-
-    # A cell waits for the render in flight, and no render starts while a cell runs.
-    def _hook_cells(self) -> None:
-        from IPython import get_ipython
-
-        ip = get_ipython()
-        if ip is not None and not self.hooked:
-            ip.events.register("pre_run_cell", self._cell_starts)
-            ip.events.register("post_run_cell", self._cell_ends)
-            self.hooked = True
-
-    def _cell_starts(self, *_):
-        with self.cv:
-            self.cv.wait_for(lambda: self.busy is None)
-            self.cell_running = True
-
-    def _cell_ends(self, *_):
-        with self.cv:
-            self.cell_running = False
-            self.cv.notify_all()
-
-
-WORKER = _Worker()
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 class Panel:
     """Controls + Output; re-runs ``render(**values)`` whenever a control changes."""
 
     def __init__(self, render: Callable[..., Any], controls: Mapping[str, Any], *, name: str = "chart",
-                 title: str | None = None, static: bool = True, background: bool | None = None,
-                 debounce_s: float = 0.25):
+                 title: str | None = None, static: bool = True, sync: bool = False, debounce_s: float = 0.25):
         if not callable(render):
             raise ValueError("panel(render, controls): render must be a function of the control values")
         self.render_fn = render
@@ -164,15 +70,15 @@ class Panel:
         self.name = name
         self.title = title
         self.static = static          # render once in static runs (False: the cells above already show it)
-        self.background = background  # None: in the worker when a front end is there
+        self.sync = sync              # True: run in the change handler, never deferred
         self.debounce_s = debounce_s
         self.renders = 0              # how many times render ran to its end
-        self.runs: list[tuple[dict, str]] = []  # (values, "drawn" | "stale" | "cancelled" | "error") per run
-        self.dropped = 0              # requests replaced by a newer one before they started
+        self.runs: list[tuple[dict, str]] = []  # (values, "drawn" | "error"), one per run
+        self.dropped = 0              # scheduled runs replaced by a newer change before they started
         self.last = None              # what the last finished render returned
         self.last_error: str | None = None
         self.seconds = 0.0
-        self._pending: float | None = None  # when the newest request not yet started came
+        self._scheduled = None        # the pending run (an asyncio TimerHandle)
         self._box = None
         self._out = None
         self._status = None
@@ -182,18 +88,20 @@ class Panel:
         """The controls' values as keyword arguments (plain values pass through)."""
         return {k: getattr(c, "value", c) for k, c in self.controls.items()}
 
-    def stale(self) -> bool:
-        """True when a newer request waits: what runs now will not be drawn."""
-        return self._pending is not None
+    @property
+    def pending(self) -> bool:
+        """True while a run is scheduled and not yet started."""
+        return self._scheduled is not None
 
     def compute(self, values: dict | None = None):
+        global _active
         values = self.values() if values is None else values
         t0 = time.perf_counter()
-        prev, _local.panel = getattr(_local, "panel", None), self
+        prev, _active = _active, self
         try:
             result = self.render_fn(**values)
         finally:
-            _local.panel = prev
+            _active = prev
         self.seconds = time.perf_counter() - t0
         self.renders += 1
         self.last = result
@@ -216,13 +124,22 @@ class Panel:
                 c.observe(self._changed, names="value")
 
     def _changed(self, change=None) -> None:
-        if self.background if self.background is not None else _has_front_end():
-            WORKER.submit(self)
-        else:
+        loop = None if self.sync else _kernel_loop()
+        if loop is None:
             self.update()
+            return
+        if self._scheduled is not None:  # a newer value replaces the run not yet started
+            self._scheduled.cancel()
+            self.dropped += 1
+        self._scheduled = loop.call_later(self.debounce_s, self._run_scheduled)
+        self._status.value = "<i>waiting for the controls to settle…</i>"
+
+    def _run_scheduled(self) -> None:
+        self._scheduled = None
+        self.update()
 
     def _draw(self, outputs) -> None:
-        self._out.outputs = tuple(outputs)  # one trait write: safe from the worker thread
+        self._out.outputs = tuple(outputs)  # one trait write replaces the Output's content
 
     def update(self) -> None:
         """Re-run the measurement with the current control values and redraw the Output."""
@@ -232,28 +149,18 @@ class Panel:
         values = self.values()
         try:
             outputs = bundles(self.compute(values), self.name)
-        except Stale:
-            self.runs.append((values, "cancelled"))
-            return
         except Exception as e:  # show the problem where the user is looking
             self.last_error = f"{type(e).__name__}: {e}"
             self.runs.append((values, "error"))
             self._draw([{"output_type": "stream", "name": "stderr", "text": traceback.format_exc()}])
             self._status.value = f"<span style='color:#b00'>error: {html.escape(self.last_error)}</span>"
             return
-        if self.stale():  # a newer request follows at once: drawing this one would only flash
-            self.runs.append((values, "stale"))
-            return
         self._draw(outputs)
         self.last_error = None
         self.runs.append((values, "drawn"))
+        skipped = f" · {self.dropped} stale request(s) skipped" if self.dropped else ""
         self._status.value = (f"<span style='color:#666'>updated in {self.seconds:.2f} s "
-                              f"({self._describe(values)})</span>")
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the worker has nothing queued or running (for scripts and tests; a cell in a
-        live kernel holds the worker back, so there it only times out)."""
-        return WORKER.wait(timeout)
+                              f"({self._describe(values)}){skipped}</span>")
 
     def _describe(self, values: dict | None = None) -> str:
         values = self.values() if values is None else values
@@ -294,14 +201,12 @@ class Panel:
 
 
 def panel(render: Callable[..., Any], controls: Mapping[str, Any] | None = None, *, name: str = "chart",
-          title: str | None = None, static: bool = True, background: bool | None = None,
-          debounce_s: float = 0.25) -> Panel:
+          title: str | None = None, static: bool = True, sync: bool = False, debounce_s: float = 0.25) -> Panel:
     """Build a live panel; display it (last expression of a cell) to show controls + charts.
 
     ``controls`` maps keyword names of ``render`` to widgets (``controls.slider``, ``dropdown``...)
     or to plain values (passed through unchanged, not shown). ``static=False``: in static (report)
-    runs show only a note, for panels that repeat what the cells above show. ``background``: run
-    control changes in the worker (None: when a front end is there; False: always synchronously).
+    runs show only a note, for panels that repeat what the cells above show. ``sync=True``: run
+    every change at once in its handler (no debouncing, no dropping).
     """
-    return Panel(render, controls or {}, name=name, title=title, static=static, background=background,
-                 debounce_s=debounce_s)
+    return Panel(render, controls or {}, name=name, title=title, static=static, sync=sync, debounce_s=debounce_s)
