@@ -74,3 +74,17 @@ def test_read_path_facets_wrap():
                           "gbps": [1.0] * 8, "share_of_sequential": [1.0] * 8})
     spec = chart_spec(charts.readpath_chart(table))
     assert spec["columns"] == 2 and "facet" in spec
+
+
+def test_svg_text_names_the_font_it_was_measured_with():
+    """A browser draws the SVG's text in the font the SVG names; "sans-serif" alone may resolve
+    wider there than in vl-convert, which sized the chart, and clip the longest labels."""
+    import re
+
+    from workbench.viz.palette import CONFIG
+
+    df = pd.DataFrame({"configuration": ["a", "b"], "useful_timely": [3, 4], "cancelled_before_read": [1, 2]})
+    from workbench.viz.counter_charts import outcome_chart
+
+    svg = spec_to_svg(chart_spec(outcome_chart(df, "configuration", ["useful_timely", "cancelled_before_read"])))
+    assert set(re.findall(r'font-family="([^"]*)"', svg)) == {CONFIG["font"]}
