@@ -169,7 +169,7 @@ def render(union_text, union_k, mode):
     note = (f"k = {int(union_k)}, slope s = {fit_union_slope(u, int(union_k)):.3f}: ceiling **{c['speedup']:.3f}×** "
             f"(g={c['g']}); " + (f"drafting pays above **a = {be['acceptance']:.3f}** (g={be['g']})"
                                  if be["g"] else "no window g ≥ 2 ever pays"))
-    return [("speedup_typed", charts.speedup_chart(grid)), note, ("bound", wb.table(bound, "Best window per acceptance"))]
+    return [("speedup_typed", charts.speedup_chart(grid, "MTP speedup bound from the typed union table")), note, ("bound", wb.table(bound, "Best window per acceptance"))]
 
 
 panel(render, {

@@ -82,6 +82,8 @@ def test_notebook_charts_have_data(small_report, name):
         assert (out / c["png"]).read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / c["svg"]).read_text()[:500]
         json.loads((out / c["spec"]).read_text())
+    titles = [c["title"] for c in res.charts]
+    assert len(set(titles)) == len(titles), f"{name} repeats a chart title: {titles}"
     page = (out / res.page).read_text()
     assert report.find_remote_refs(page) == []
     assert "Traceback" not in page and "Error loading script" not in page

@@ -157,7 +157,7 @@ def union_chart(table: pd.DataFrame, slope: float | None = None) -> alt.Chart:
                                         title=_title("Experts to read for a window of g tokens", f"top-{int(k)}; bold: mean over layers"))
 
 
-def speedup_chart(grid: pd.DataFrame) -> alt.Chart:
+def speedup_chart(grid: pd.DataFrame, title: str = "MTP speedup bound, streaming-bound decode") -> alt.Chart:
     """Streaming-bound speedup vs acceptance: one line per window g, best-over-g bold, 1x dashed."""
     g = grid.copy()
     best = g.loc[g.groupby("acceptance")["speedup"].idxmax()]
@@ -170,7 +170,7 @@ def speedup_chart(grid: pd.DataFrame) -> alt.Chart:
         x="acceptance:Q", y="speedup:Q", tooltip=[alt.Tooltip("acceptance:Q", format=".0%"), "g", alt.Tooltip("speedup:Q", format=".3f")])
     one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(y="y:Q")
     return alt.layer(lines, env, one).properties(width=420, height=260, title=_title(
-        "MTP speedup bound, streaming-bound decode", "E[tokens](g)/(union(g)/k); black: best g"))
+        title, "E[tokens](g)/(union(g)/k); black: best g"))
 
 
 def acceptance_chart(table: pd.DataFrame) -> alt.Chart:
@@ -306,7 +306,8 @@ def union_ci_chart(by_method: dict) -> alt.Chart:
                  alt.Tooltip("high:Q", format=".2f"), "n_prompts"])
     ref = alt.Chart(seed).mark_line(point=True, strokeDash=[4, 3]).encode(x=x, y="union:Q", color=alt.Color("method:N", scale=sc))
     return alt.layer(band, line, ref).properties(width=380, height=260, title=_title(
-        "Experts to read for a window of g tokens", "band: 95% bootstrap interval over prompts; dashed: the seed's table"))
+        "Experts to read for a window of g tokens, over the workload",
+        "band: 95% bootstrap interval over prompts; dashed: the seed's table"))
 
 
 def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) -> alt.Chart:
