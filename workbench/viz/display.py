@@ -71,10 +71,13 @@ def bundles(obj, name: str = "chart") -> list[dict]:
     if _is_chart(obj):
         data, metadata = chart_bundle(obj, name), {}
     else:
-        from IPython.core.formatters import format_display_data
+        from IPython import get_ipython
+        from IPython.core.formatters import DisplayFormatter
         from IPython.display import Markdown
 
-        data, metadata = format_display_data(Markdown(obj) if isinstance(obj, str) else obj)
+        ip = get_ipython()  # the kernel's formatters (with their registrations), or plain ones
+        formatter = ip.display_formatter if ip is not None else DisplayFormatter()
+        data, metadata = formatter.format(Markdown(obj) if isinstance(obj, str) else obj)
     return [{"output_type": "display_data", "data": data, "metadata": metadata}]
 
 
