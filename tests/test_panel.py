@@ -128,3 +128,21 @@ def test_without_an_event_loop_or_with_sync_updates_run_in_the_caller(store):
 
     asyncio.run(scenario())
     assert runs2.started == [A, B] and not p2.pending  # the explicit flag: every change, at once
+
+
+def test_tables_and_markdown_are_drawn_beside_charts(store):
+    import pandas as pd
+
+    from workbench.viz.display import table
+
+    def render(arena):
+        with Engine.open(store, arena=arena, progress=False) as eng:
+            r = eng.generate(PROMPT, max_tokens=2, progress=False)
+        return [("counters", token_counters_chart(r.counters)), f"hit rate **{r.stats['hit_rate']:.0%}**",
+                ("stats", table(pd.DataFrame([{"tokens": r.stats["tokens"]}]), "run"))]
+
+    p = panel(render, {"arena": ui.slider("arena", 0.25, 1.0, 0.25, value=1.0)})
+    p.update()
+    kinds = [sorted(o["data"]) for o in p.output.outputs]
+    assert CHART_MIME in kinds[0] and "text/markdown" in kinds[1] and "text/html" in kinds[2]
+    assert "hit rate" in p.output.outputs[1]["data"]["text/markdown"]
