@@ -33,11 +33,9 @@ def compare(model, prompt, max_tokens, variants: dict, progress=True) -> list[di
             res = eng.generate(prompt, max_tokens=max_tokens, progress=progress)
             seq = res.prompt + res.tokens
             if exact_lp is None:
-                router, planner = eng.router, eng.planner
-                eng.router = eng.planner = None
-                exact_lp = eng.score(seq)
+                with eng.routing():
+                    exact_lp = eng.score(seq)
                 exact_tokens = seq
-                eng.router, eng.planner = router, planner
             approx_lp = eng.score(exact_tokens)
         s = dict(res.stats)
         s.update(quality_cost(exact_lp, approx_lp, exact_tokens))

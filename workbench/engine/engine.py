@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -153,6 +154,17 @@ class Engine(SpeculativeMixin):
         self._prompt_hot = []
         self.step = 0
         configure(self, ahead)  # the planner and router (None: exact, no read-ahead)
+
+    @contextmanager
+    def routing(self, router=None, planner=None):
+        """Run with ``router`` and ``planner`` in place of the configured ones (default: the exact
+        router and no read-ahead); the configured ones are back afterwards."""
+        saved = self.router, self.planner
+        self.router, self.planner = router, planner
+        try:
+            yield self
+        finally:
+            self.router, self.planner = saved
 
     @classmethod
     def open(cls, path, **kw) -> "Engine":
@@ -529,17 +541,23 @@ class Engine(SpeculativeMixin):
     # ---- per-layer work (called from inside the model) ---------------------------------
     def run_gate(self, layer, gate, x):
         out = gate(x)
-        if self.family.rule == "sigmoid_group":
+        if self.family.rule == "sigmoid_group":  # its gate returns picks: the logits are computed apart
             if self.recorder is not None or self.planner is not None or self.router is not None or self.hooks.active:
-                logits = router_logits(self.family, gate, x)
-                if self.hooks.active:
-                    logits = self._fire_forward(layer, "router.logits", logits)
-                self._logits[layer] = logits
+                self.routed_logits(layer, x)
             return out
         if self.hooks.active:
             out = self._fire_forward(layer, "router.logits", out)
         self._logits[layer] = out
         return out
+
+    def routed_logits(self, layer, x):
+        """The family's router logits for ``x`` at ``layer``, through the ``router.logits`` hook point,
+        kept for traces and the planner (the cache-aware router routes on them)."""
+        logits = router_logits(self.family, self.gates[layer], x)
+        if self.hooks.active:
+            logits = self._fire_forward(layer, "router.logits", logits)
+        self._logits[layer] = logits
+        return logits
 
     def _fire_forward(self, layer, point, value):
         p = self._opt

@@ -29,12 +29,8 @@ class SpeculativeMixin:
     def draft_resident_only(self, context, n: int) -> list[int]:
         """Greedy drafts of ``n`` tokens using resident experts only (approximate, opt-in).
         Draft step times land in ``self.last_draft_times``."""
-        router, planner = self.router, self.planner
-        self.router, self.planner = ResidentOnlyRouter(self), None
-        try:
+        with self.routing(ResidentOnlyRouter(self)):
             res = self.generate(list(context), max_tokens=n, progress=False)
-        finally:
-            self.router, self.planner = router, planner
         self.last_draft_times = res.step_times
         return res.tokens
 
@@ -45,26 +41,24 @@ class SpeculativeMixin:
 
         ids = self.encode(list(prompt_ids) + list(drafts))
         n_ctx = len(prompt_ids) - 1
-        router, planner = self.router, self.planner
-        self.router = self.planner = None
         self.counters = self.arena.counters = Counters()
         cache = make_prompt_cache(self.model)
-        try:
-            if n_ctx > 0:
-                self._begin_step(0, "prefill", ids[:n_ctx])
-                self._prompt_hot = []
-                self.model(mx.array(ids[:n_ctx])[None], cache=cache)
-                mx.eval([c.state for c in cache])
-            self._begin_step(1, "verify", ids[n_ctx:])
-            t0 = time.perf_counter()
-            logits = self.model(mx.array(ids[n_ctx:])[None], cache=cache)
-            greedy = mx.argmax(logits[0], axis=-1)
-            mx.eval(greedy)
-            seconds = time.perf_counter() - t0
-        finally:
-            self.arena.finish_speculation()
-            self.arena.release()
-            self.router, self.planner = router, planner
+        with self.routing():
+            try:
+                if n_ctx > 0:
+                    self._begin_step(0, "prefill", ids[:n_ctx])
+                    self._prompt_hot = []
+                    self.model(mx.array(ids[:n_ctx])[None], cache=cache)
+                    mx.eval([c.state for c in cache])
+                self._begin_step(1, "verify", ids[n_ctx:])
+                t0 = time.perf_counter()
+                logits = self.model(mx.array(ids[n_ctx:])[None], cache=cache)
+                greedy = mx.argmax(logits[0], axis=-1)
+                mx.eval(greedy)
+                seconds = time.perf_counter() - t0
+            finally:
+                self.arena.finish_speculation()
+                self.arena.release()
         tot = self.counters.totals("verify")
         target = [int(t) for t in greedy.tolist()]
         accepted = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..engine.families import gate_weights, router_logits, selection_scores
+from ..engine.families import gate_weights, selection_scores
 from ..engine.streamed import StreamedExperts
 from .rank import moce_select
 
@@ -31,10 +31,7 @@ class CacheAwareRouter:
 
     def forward(self, engine, layer, block, x):
         fam, gate = engine.family, engine.gates[layer]
-        logits = router_logits(fam, gate, x)
-        if engine.hooks.active and fam.rule != "sigmoid_group":
-            logits = engine.hooks.fire(engine.names[layer]["router.logits"], logits, layer=layer)
-        engine._logits[layer] = logits
+        logits = engine.routed_logits(layer, x)
         E, k = logits.shape[-1], engine.top_k
         z = np.array(logits.astype(mx.float32)).reshape(-1, E)
         scores = selection_scores(fam, gate, z)
