@@ -36,7 +36,7 @@ def slot_writes(store, n=64, reps=3):
     import numpy as np
 
     from workbench.arena.arena import Arena
-    from workbench.engine.counters import Counters
+    from workbench.arena.counters import Counters
     from workbench.hooks import Hooks
     from workbench.io.scheduler import IOScheduler
     from workbench.store.manifest import Manifest

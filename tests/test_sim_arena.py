@@ -66,7 +66,7 @@ def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
     """One recorded run with per-layer read-ahead, through the live engine, ``replay_io`` and
     ``simulate``, every prefetch timely: the same counters per (step, layer) and the same
     residency after every token."""
-    from workbench.engine.counters import Counters
+    from workbench.arena.counters import Counters
     from workbench.engine.engine import Engine
     from workbench.hooks import Hooks
     from workbench.routing.setup import configure

@@ -19,6 +19,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arena.counters import Counters, summarize
 from ..checks import io_workers as check_io_workers
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
@@ -27,7 +28,6 @@ from ..store.cache import cache_dir, resolve_store  # noqa: F401  (re-exported: 
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
 from .arena_size import arena_slots
-from .counters import Counters, summarize
 from .families import family_of, gate_weights, router_logits
 from .optimistic import Controller, OptimisticPass, Rewind, can_rewind, first_miss
 from .speculative import SpeculativeMixin

@@ -9,7 +9,7 @@ import time
 
 import mlx.core as mx
 
-from .counters import Counters, summarize
+from ..arena.counters import Counters, summarize
 
 
 class ResidentOnlyRouter:

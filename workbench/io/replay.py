@@ -15,8 +15,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arena.counters import Counters, summarize
 from ..engine.arena_size import arena_slots
-from ..engine.counters import Counters, summarize
 from ..hooks import Hooks
 from ..store.manifest import Manifest
 from ..store.reader import BlobReader

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..arena.arena import OUTCOMES, Arena, ArenaError
-from ..engine.counters import Counters
+from ..arena.counters import Counters
 from ..hooks import Hooks
 from ..routing.gates import Gate, make_gate
 from ..routing.rank import AHEAD_MODES, ahead_candidates
