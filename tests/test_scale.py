@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.io.replay import layer_plan
+from workbench.sim.ioreplay import layer_plan
 from workbench.sim.synth import synthetic_trace
 from workbench.store.manifest import ALIGN, EXPERTS, MANIFEST, Manifest
 from workbench.store.synth import resolve_shape, store_bytes, synth_store

@@ -3,7 +3,7 @@ replay a trace through the same rules as the engine."""
 
 from test_sim import _trace
 from workbench.arena.arena import OUTCOMES
-from workbench.io.replay import replay_io
+from workbench.sim.ioreplay import replay_io
 from workbench.sim.vtime import Timing, simulate
 
 

@@ -76,7 +76,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_ioreplay(args) -> int:
-    from .io.replay import replay_io
+    from .sim.ioreplay import replay_io
 
     stats = replay_io(args.trace, args.store, arena=args.arena, policy=args.policy,
                       policy_options={"hotlist": args.hotlist} if args.hotlist else None,

@@ -8,6 +8,7 @@ Entry points:
   SimCache                             step-by-step driving cache (the reference protocol)
   requests_from_trace(trace)           the flattened request stream
   synthetic_trace(path, ...)           synthetic traces for tests and notebooks
+  ioreplay.replay_io(trace, store)     the same routing through the real arena and I/O against a store
 """
 
 from .cache import NoVictimError, SimCache  # noqa: F401

@@ -6,7 +6,7 @@
     load_sweep("out/")                          # one row per cell
 
 Each cell calls the library function its command calls (``sim.replay.replay``,
-``sim.vtime.simulate``, ``io.replay.replay_io``). A cell's id hashes its configuration;
+``sim.vtime.simulate``, ``sim.ioreplay.replay_io``). A cell's id hashes its configuration;
 its row is written atomically to ``DIR/cell-<id>.parquet`` as soon as it finishes, so a
 rerun skips what is done. Workers need the traces (and store) at the same paths.
 """
@@ -162,7 +162,7 @@ def run_cell(cell: dict) -> dict:
         row.update({f"prefetch_{k}": v for k, v in s["prefetch"].items()})
         row["bytes_per_token"] = s["bytes_read"] / max(1, s["tokens"])
     else:
-        from ..io.replay import replay_io
+        from .ioreplay import replay_io
 
         pred = None if cell["predictor"] == "none" else cell["predictor"]
         s = replay_io(trace, cell["store"], arena=cell["arena"], policy=cell["policy"], compute_ms=cell.get("compute_ms"),

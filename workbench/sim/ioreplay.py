@@ -18,9 +18,9 @@ from ..arena.arena import Arena
 from ..arena.counters import Counters, summarize
 from ..engine.arena_size import arena_slots
 from ..hooks import Hooks
+from ..io.scheduler import IOScheduler
 from ..store.manifest import Manifest
 from ..store.reader import BlobReader
-from .scheduler import IOScheduler
 
 
 MAP_LAYERS = ("modulo", "spread")
