@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.analysis.bounds import belady_misses  # noqa: E402
 from workbench.arena.policies import make_policy  # noqa: E402
+from workbench.sim.export import export_oraclegeneral  # noqa: E402
 from workbench.sim.replay import replay  # noqa: E402
 from workbench.sim.requests import parse_arena, requests_from_trace  # noqa: E402
-from workbench.trace.export import export_oraclegeneral  # noqa: E402
 from workbench.trace.schema import write_trace  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

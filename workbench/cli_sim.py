@@ -154,7 +154,7 @@ def check_simulate_args(args) -> None:
 
 
 def cmd_export(args) -> int:
-    from .trace.export import export
+    from .sim.export import export
     from .trace.schema import TraceError
 
     try:
