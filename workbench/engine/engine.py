@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from ..arena.arena import Arena
 from ..arena.counters import Counters, summarize
 from ..checks import io_workers as check_io_workers
+from ..families import family_of, gate_weights, router_logits
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..model import ModelError, build_model, config_hash, expert_modules
@@ -28,7 +29,6 @@ from ..store.cache import cache_dir, resolve_store  # noqa: F401  (re-exported: 
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
 from .arena_size import arena_slots
-from .families import family_of, gate_weights, router_logits
 from .optimistic import Controller, OptimisticPass, Rewind, can_rewind, first_miss
 from .speculative import SpeculativeMixin
 from .streamed import GateProbe, LayerProbe, MoEProbe, StreamedExperts, get_path, set_path

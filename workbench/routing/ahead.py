@@ -14,7 +14,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..engine.families import router_logits
+from ..families import router_logits
 from .gates import make_gate
 from .rank import AHEAD_MODES, ahead_candidates
 
