@@ -12,7 +12,8 @@ import os
 import platform
 import statistics
 
-from workbench.engine.engine import Engine, cache_dir
+from workbench.engine.engine import Engine
+from workbench.fsutil import cache_dir
 from workbench.io.readpath import drop_cache, sequential_gbps
 from workbench.store.manifest import EXPERTS
 

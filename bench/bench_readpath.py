@@ -10,7 +10,7 @@ import argparse
 import platform
 from pathlib import Path
 
-from workbench.engine.engine import cache_dir
+from workbench.fsutil import cache_dir
 from workbench.io.readpath import read_path_table
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.analysis.bounds import belady_misses  # noqa: E402
 from workbench.arena.policies import make_policy  # noqa: E402
+from workbench.fsutil import atomic_write  # noqa: E402
 from workbench.sim.export import export_oraclegeneral  # noqa: E402
 from workbench.sim.replay import replay  # noqa: E402
 from workbench.sim.requests import parse_arena, requests_from_trace  # noqa: E402
@@ -187,9 +188,7 @@ def main(argv=None):
         lines += ["", f"End to end (read Parquet, flatten, LRU replay): {e2e:.2f} M lookups/s. "
                   "Other engine policies, 200k lookups: " + ", ".join(f"{k} {v:.2f}" for k, v in others.items()) + " M lookups/s.", ""]
         text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-        tmpf = RESULTS.with_name(".RESULTS.md.tmp")
-        tmpf.write_text(text.rstrip("\n") + "\n" + "\n".join(lines))
-        os.replace(tmpf, RESULTS)
+        atomic_write(RESULTS, lambda tmp: Path(tmp).write_text(text.rstrip("\n") + "\n" + "\n".join(lines)))
         print(f"appended to {RESULTS}")
 
 

@@ -79,7 +79,8 @@ def cmd_pack(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from .store.cache import cache_dir, list_stores, remove_store
+    from .fsutil import cache_dir
+    from .store.cache import list_stores, remove_store
 
     if args.action == "path":
         print(cache_dir())

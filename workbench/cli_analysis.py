@@ -72,7 +72,7 @@ def _print_table(df, title: str) -> None:
 
 
 def _write(out: Path, name: str, table, chart, no_chart: bool) -> list[Path]:
-    from workbench.trace.schema import atomic_write
+    from workbench.fsutil import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{name}.csv"

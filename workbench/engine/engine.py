@@ -25,7 +25,7 @@ from ..families import family_of, gate_weights, router_logits
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..model import ModelError, build_model, config_hash, expert_modules
-from ..store.cache import cache_dir, resolve_store  # noqa: F401  (re-exported: callers import them from here)
+from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
 from .arena_size import arena_slots

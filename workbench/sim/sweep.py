@@ -198,7 +198,7 @@ def write_row(out, row: dict) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..trace.schema import atomic_write
+    from ..fsutil import atomic_write
 
     path = cell_path(out, row["cell_id"])
     table = pa.Table.from_pandas(pd.DataFrame([row]), preserve_index=False)
