@@ -60,11 +60,12 @@ def test_successor_reads_save_recomputes(store):
 
 def test_oracle_prefetch_removes_sync_misses(store, tmp_path):
     from workbench.trace.recorder import TraceRecorder
+    from workbench.trace.schema import read_trace
 
     path = tmp_path / "oracle.parquet"
     with Engine(store[1], arena="0.5", progress=False) as eng:
         plain = eng.generate(PROMPT, max_tokens=12, trace=TraceRecorder(path))
-    res = _run(store, arena="0.5", predictor="oracle", lookahead=1, oracle_trace=path)
+    res = _run(store, arena="0.5", predictor="oracle", lookahead=1, oracle_trace=read_trace(path))
     assert res.tokens == plain.tokens
     assert res.stats["sync_misses"] < plain.stats["sync_misses"]
     assert res.stats["prefetch"]["completed_unused"] == 0  # the oracle never reads what is not claimed

@@ -107,12 +107,14 @@ def open_engine(args, progress):
     from .engine.engine import Engine
     from .routing.setup import configure
     from .store.cache import resolve_store
+    from .trace.schema import read_trace
 
     kw = engine_kwargs(args)  # flags are checked before anything is packed or opened
+    oracle = read_trace(args.oracle_trace) if args.oracle_trace else None
     eng = Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
     try:
         configure(eng, args.predictor, args.lookahead, args.unpert, args.route, args.moce_bonus, args.moce_protect,
-                  args.moce_r1, args.gate, args.ahead_width, args.oracle_trace)
+                  args.moce_r1, args.gate, args.ahead_width, oracle)
     except BaseException:
         eng.close()
         raise

@@ -10,7 +10,8 @@ def configure(engine, predictor=None, lookahead=1, unpert=1, route=False, moce_b
               moce_r1=0.0, gate="none", width=None, oracle_trace=None):
     """unpert=1: exact router, ahead() reads the raw top-k of predicted logits.
     unpert=0: cache-aware router with p=3, no r1 (APPROXIMATE); ahead() ranks the same way.
-    route:    cache-aware router with p, b, r1 as given (APPROXIMATE); ahead() ranks the same way."""
+    route:    cache-aware router with p, b, r1 as given (APPROXIMATE); ahead() ranks the same way.
+    oracle_trace: the recorded Trace (``trace.schema.read_trace``) that --predictor oracle reads."""
     if unpert not in (0, 1):
         raise ValueError(f"--unpert must be 0 or 1, got {unpert}")
     if route and moce_bonus <= 0:
@@ -23,13 +24,8 @@ def configure(engine, predictor=None, lookahead=1, unpert=1, route=False, moce_b
         engine.router = CacheAwareRouter(engine, p=min(3, engine.top_k), b=moce_bonus, r1=0.0)
     engine.planner = None
     if predictor not in (None, "none"):
-        oracle = None
-        if oracle_trace is not None:
-            from ..trace.schema import read_trace
-
-            oracle = read_trace(oracle_trace)
         engine.planner = Planner(engine, predictor, lookahead, mode, width, moce_protect, moce_bonus, moce_r1,
-                                 gate, oracle=oracle)
+                                 gate, oracle=oracle_trace)
     elif gate != "none":
         raise ValueError(f"--gate {gate} filters read-ahead candidates: also give --predictor layer|prev|oracle")
     return engine
