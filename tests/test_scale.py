@@ -209,7 +209,7 @@ def test_sweep_unreachable_scheduler_is_one_line(traces, tmp_path, capsys):
 
 def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
     """The default path (a LocalCluster started by the sweep); arenas in every accepted form; ioreplay cells."""
-    from workbench.engine.arena_size import arena_slots
+    from workbench.sizes import arena_slots
     from workbench.sim.sweep import load_sweep
 
     grid = tmp_path / "grid.yaml"

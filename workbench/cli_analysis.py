@@ -57,7 +57,7 @@ def _err(msg: str) -> int:
 
 
 def _parse_size(text: str) -> int:
-    from workbench.engine.arena_size import parse_bytes  # GB = 1e9, GiB = 2^30, as everywhere
+    from workbench.sizes import parse_bytes  # GB = 1e9, GiB = 2^30, as everywhere
 
     return parse_bytes(text)
 

@@ -25,10 +25,10 @@ from ..families import family_of, gate_weights, router_logits
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..model import ModelError, build_model, config_hash, expert_modules
+from ..sizes import arena_slots
 from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
-from .arena_size import arena_slots
 from .optimistic import Controller, OptimisticPass, Rewind, can_rewind, first_miss
 from .speculative import SpeculativeMixin
 from .streamed import GateProbe, LayerProbe, MoEProbe, StreamedExperts, get_path, set_path

@@ -16,9 +16,9 @@ from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
 from ..arena.counters import Counters, summarize
-from ..engine.arena_size import arena_slots
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
+from ..sizes import arena_slots
 from ..store.manifest import Manifest
 from ..store.reader import BlobReader
 

@@ -127,7 +127,7 @@ def cell_label(cell: dict) -> str:
 
 def _slots(arena, trace) -> int:
     """Slots for any accepted --arena form (fraction, %, count, size), by the engine's one parser."""
-    from ..engine.arena_size import arena_slots
+    from ..sizes import arena_slots
 
     meta = trace.meta
     n_routed = max(1, len(trace.moe_layers)) * int(meta["n_experts"])
@@ -244,7 +244,7 @@ class SweepResult:
 
 def check_cells(cells) -> None:
     """Read every trace (and store) once and size every arena here, so bad input fails before any work."""
-    from ..engine.arena_size import arena_slots
+    from ..sizes import arena_slots
     from ..store.manifest import Manifest
     from ..trace.schema import read_trace
 
