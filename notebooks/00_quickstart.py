@@ -35,11 +35,11 @@ small = False       # CI preset (fewer tokens)
 
 # %%
 from workbench.arena.policies import POLICIES, load_all
-from workbench.cli import summary_table
 from workbench.engine.engine import Engine
 from workbench.hooks import run_with_hooks
 from workbench.viz import widgets as wb
 from workbench.viz.headline import headline
+from workbench.viz.tables import summary_table
 
 wb.setup()
 load_all()

@@ -54,9 +54,10 @@ small = False       # CI preset (fewer tokens, one prompt per domain)
 import numpy as np
 import pandas as pd
 
-from workbench.cli_policy import compare
+from workbench.analysis.compare import compare
 from workbench.engine.engine import Engine
 from workbench.routing.rank import moce_select, topk
+from workbench.routing.setup import configure
 from workbench.viz import widgets as wb
 from workbench.viz.headline import headline
 
@@ -93,12 +94,16 @@ pd.DataFrame({"ranking": ["raw top-6", "cache-aware (p=3, b=0.85)"],
 OUTCOMES = ["useful_timely", "useful_late", "completed_unused", "partially_read", "cancelled_before_read"]
 
 
-def variants(b, p, r1, lookahead):
-    pred = f"--predictor layer --lookahead {lookahead}"
-    v = [f"UNPERT1={pred} --unpert 1", f"UNPERT0={pred} --unpert 0 --moce-bonus {b}"]
+def variants(b, p, r1, arena, lookahead):
+    """Each configuration opens the engine with layer read-ahead and its own ranking, routing and policy."""
+    def engine(policy="lru", **routing):
+        return lambda: configure(Engine.open(model_dir, arena=f"{arena:.4f}", policy=policy, progress=False),
+                                 predictor="layer", lookahead=lookahead, **routing)
+
+    v = {"UNPERT1": engine(unpert=1), "UNPERT0": engine(unpert=0, moce_bonus=b)}
     if b > 0:  # route with b <= 0 is the plain router: nothing to compare
-        v.append(f"route={pred} --route --moce-protect {p} --moce-bonus {b} --moce-r1 {r1}")
-    v.append(f"twohit={pred} --unpert 1 --policy twohit")
+        v["route"] = engine(route=True, moce_protect=p, moce_bonus=b, moce_r1=r1)
+    v["twohit"] = engine("twohit", unpert=1)
     return v
 
 
@@ -107,8 +112,7 @@ LABELS = {"UNPERT1": "UNPERT=1", "UNPERT0": "UNPERT=0", "route": "route", "twohi
 
 def run_compare(b, p, r1, arena, lookahead=lookahead, max_tokens=max_tokens):
     p = min(int(p), k)
-    res = compare(str(model_dir), ids, max_tokens, variants(b, p, r1, lookahead),
-                  ["--arena", f"{arena:.4f}"], progress=False)
+    res = compare(ids, max_tokens, variants(b, p, r1, arena, lookahead), progress=False)
     rows = []
     for s in res:
         rows.append({"configuration": LABELS[s["name"]], "sync misses": s["sync_misses"], "hits": s["hits"],

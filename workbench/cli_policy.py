@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 
@@ -18,33 +19,17 @@ ROWS = ("tokens_per_s", "hit_rate", "hits", "misses", "sync_misses", "evictions"
         "residency_hash")
 
 
-def compare(model, prompt, max_tokens, variants, base_args, progress=True) -> list[dict]:
-    """Run each ``name=FLAGS`` variant on the same prompt; the first variant is the reference
-    for output identity, and exact decoding is the reference for quality cost."""
+def variant_engines(model, specs, common, progress=True) -> dict:
+    """``NAME=FLAGS`` specs (``workbench run`` flags, after the ``common`` ones) as ``compare`` configurations;
+    every spec's flags are checked before any engine opens."""
     from .cli import build_parser, open_engine
-    from .engine.quality import quality_cost
 
     parser = build_parser()
-    out, exact_lp, ref_tokens = [], None, None
-    for spec in variants:
+    out = {}
+    for spec in specs:
         name, _, flags = spec.partition("=")
-        args = parser.parse_args(["run", str(model), "--prompt-ids", "0"] + base_args + shlex.split(flags))
-        with open_engine(args, progress=progress) as eng:
-            res = eng.generate(prompt, max_tokens=max_tokens, progress=progress)
-            seq = res.prompt + res.tokens
-            if exact_lp is None:
-                router, planner = eng.router, eng.planner
-                eng.router = eng.planner = None
-                exact_lp = eng.score(seq)
-                exact_tokens = seq
-                eng.router, eng.planner = router, planner
-            approx_lp = eng.score(exact_tokens)
-        s = dict(res.stats)
-        s.update(quality_cost(exact_lp, approx_lp, exact_tokens))
-        ref_tokens = ref_tokens or res.tokens
-        s["same_tokens"] = res.tokens == ref_tokens
-        s["name"], s["flags"], s["tokens_out"] = name, flags, res.tokens
-        out.append(s)
+        args = parser.parse_args(["run", str(model), "--prompt-ids", "0"] + common + shlex.split(flags))
+        out[name] = functools.partial(open_engine, args, progress)
     return out
 
 
@@ -64,13 +49,18 @@ def table(results) -> str:
 
 
 def cmd_compare(args) -> int:
+    from .analysis.compare import compare
     from .cli import parse_ids
     from .data import default_model
 
     model = args.model or str(default_model())
     prompt = parse_ids(args.prompt_ids) if args.prompt_ids else (args.prompt or [1, 2, 3, 4, 5, 6, 7, 8])
     base = shlex.split(args.common) if args.common else []
-    results = compare(model, prompt, args.max_tokens, args.variant or list(DEFAULT_VARIANTS), base, progress=not args.json)
+    specs = args.variant or list(DEFAULT_VARIANTS)
+    engines = variant_engines(model, specs, base, progress=not args.json)
+    results = compare(prompt, args.max_tokens, engines, progress=not args.json)
+    for r, spec in zip(results, specs):
+        r["flags"] = spec.partition("=")[2]
     print(json.dumps(results) if args.json else table(results))
     return 0
 
