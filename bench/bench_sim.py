@@ -30,7 +30,7 @@ from workbench.fsutil import atomic_write  # noqa: E402
 from workbench.sim.export import export_oraclegeneral  # noqa: E402
 from workbench.sim.replay import replay  # noqa: E402
 from workbench.sim.requests import parse_arena, requests_from_trace  # noqa: E402
-from workbench.trace.schema import write_trace  # noqa: E402
+from workbench.trace.synthetic import routes_trace  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -46,18 +46,8 @@ def make_trace(path, lookups, n_layers=48, n_experts=128, top_k=8, seed=0, alpha
     g = np.log(w)[None, None, :] + rng.gumbel(size=(n_tokens, n_layers, n_experts))
     ranks = np.argsort(-g, axis=-1)[..., :top_k]
     sel = np.take_along_axis(np.broadcast_to(perms[None], (n_tokens, n_layers, n_experts)), ranks, axis=-1)
-    n_rows = n_tokens * n_layers
-    rows = {
-        "step": np.repeat(np.arange(1, n_tokens + 1), n_layers).tolist(),
-        "token": np.repeat(np.arange(n_tokens), n_layers).tolist(),
-        "phase": ["decode"] * n_rows,
-        "layer": np.tile(np.arange(n_layers), n_tokens).tolist(),
-        "selected": sel.reshape(n_rows, top_k).tolist(),
-        "weights": [[1.0 / top_k] * top_k] * n_rows,
-    }
-    meta = {"model_type": "synthetic-bench", "n_layers": n_layers, "n_experts": n_experts, "top_k": top_k,
-            "moe_layers": list(range(n_layers)), "expert_bytes": 1_179_648}
-    write_trace(path, rows, meta)
+    routes_trace(path, sel, n_experts, weights=np.full(sel.shape, 1.0 / top_k),
+                 meta={"model_type": "synthetic-bench", "expert_bytes": 1_179_648})
 
 
 def timed(fn, repeat=5, setup=None):

@@ -11,7 +11,7 @@ import pytest
 
 from workbench.cli import main
 from workbench.sim.ioreplay import layer_plan
-from workbench.sim.synth import synthetic_trace
+from workbench.trace.synthetic import synthetic_trace
 from workbench.store.manifest import ALIGN, EXPERTS, MANIFEST, Manifest
 from workbench.store.synth import resolve_shape, store_bytes, synth_store
 

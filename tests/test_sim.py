@@ -8,7 +8,7 @@ from workbench.arena.policies.lru import LRU
 from workbench.cli import main as cli
 from workbench.sim.replay import NotReplayableError, replay, replay_grid, replay_keys
 from workbench.sim.requests import parse_arena, requests_from_trace
-from workbench.sim.synth import synthetic_trace
+from workbench.trace.synthetic import synthetic_trace
 from workbench.sim.vtime import OUTCOMES, Timing, simulate
 from workbench.trace.schema import TraceError, write_trace
 
