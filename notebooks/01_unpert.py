@@ -56,7 +56,7 @@ import pandas as pd
 
 from workbench.analysis.compare import compare
 from workbench.engine.engine import Engine
-from workbench.routing.rank import moce_select, topk
+from workbench.routing.rank import cache_aware_select, topk
 from workbench.routing.setup import configure
 from workbench.viz import widgets as wb
 from workbench.viz.headline import headline
@@ -79,7 +79,7 @@ print(f"model: {model_dir} (top-{k})")
 z = -0.1 * np.arange(32)
 resident = np.zeros(32, bool)
 resident[6:20] = True
-raw, aware = topk(z, 6), moce_select(z, resident, 6, p=3, b=0.85)
+raw, aware = topk(z, 6), cache_aware_select(z, resident, 6, p=3, b=0.85)
 pd.DataFrame({"ranking": ["raw top-6", "cache-aware (p=3, b=0.85)"],
               "experts": [sorted(raw.tolist()), sorted(aware.tolist())],
               "to read": [sorted(e for e in raw.tolist() if not resident[e]),

@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..families import FAMILIES, experts_of, gate_weights, router_logits, selection_scores, shared_output
-from .rank import moce_select
+from .rank import cache_aware_select
 
 
 class CacheAwareRouter:
@@ -37,7 +37,7 @@ class CacheAwareRouter:
         E, k = logits.shape[-1], engine.top_k
         z = np.array(logits.astype(mx.float32)).reshape(-1, E)
         scores = selection_scores(fam, gate, z)
-        inds = moce_select(scores, engine.arena.resident_mask(layer), k, self.p, self.b, self.r1)
+        inds = cache_aware_select(scores, engine.arena.resident_mask(layer), k, self.p, self.b, self.r1)
         w = gate_weights(fam, block, z, inds)
         shape = x.shape[:-1] + (k,)
         y = experts_of(block)(x, mx.array(inds.astype(np.int32)).reshape(shape))

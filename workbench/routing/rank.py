@@ -1,13 +1,13 @@
 """Cache-aware ranking of router logits (pure numpy; shared by the live engine and the simulator).
 
-``moce_select`` is cache-aware routing ("moce"): with logits z, resident mask R (published
+``cache_aware_select`` is cache-aware routing ("moce"): with logits z, resident mask R (published
 entries only), protected width p and bonus b, the first p picks are argmax z among the
 unselected experts and the later picks argmax (z + b*R). An optional rank-1 bonus r1 adds a
 smaller resident preference to the first p picks. b <= 0 is exactly the plain top-k router
 (r1 is then ignored). Every tie breaks toward the lower expert id.
 
 The family then recomputes gate weights from the *unboosted* probabilities of the chosen
-set (``moce_weights`` shows the arithmetic; the bonus never enters the weights).
+set (``cache_aware_weights`` shows the arithmetic; the bonus never enters the weights).
 
 ``ahead_candidates`` ranks *predicted* logits for a target layer for speculative reads, in
 three modes:
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["topk", "moce_select", "moce_weights", "ahead_candidates", "AHEAD_MODES"]
+__all__ = ["topk", "cache_aware_select", "cache_aware_weights", "ahead_candidates", "AHEAD_MODES"]
 
 AHEAD_MODES = ("unpert1", "unpert0", "route")
 
@@ -71,7 +71,7 @@ def topk(z, k) -> np.ndarray:
     return _rank_rows(z, int(k))
 
 
-def moce_select(z, resident_mask, k, p=3, b=0.85, r1=0.0) -> np.ndarray:
+def cache_aware_select(z, resident_mask, k, p=3, b=0.85, r1=0.0) -> np.ndarray:
     """Cache-aware routing: ids in pick order, shape (k,) for one token or (batch, k).
 
     ``z``: router logits (n_experts,) or (batch, n_experts); ``resident_mask``: bool, True
@@ -94,7 +94,7 @@ def moce_select(z, resident_mask, k, p=3, b=0.85, r1=0.0) -> np.ndarray:
     return np.concatenate([first, rest], axis=-1)
 
 
-def moce_weights(probs, ids, normalize=True) -> np.ndarray:
+def cache_aware_weights(probs, ids, normalize=True) -> np.ndarray:
     """Gate weights of a chosen set from the UNBOOSTED router probabilities.
 
     ``probs``: the family's normal routing probabilities (softmax or sigmoid of the plain
@@ -131,9 +131,9 @@ def ahead_candidates(pred_logits, mapped_mask, k, mode="unpert1", p=3, b=0.85, r
     if mode == "unpert1" or b <= 0:
         picks = topk(z, k)
     elif mode == "unpert0":
-        picks = moce_select(z, R, k, p=3, b=b, r1=0.0)
+        picks = cache_aware_select(z, R, k, p=3, b=b, r1=0.0)
     else:
-        picks = moce_select(z, R, k, p=p, b=b, r1=r1)
+        picks = cache_aware_select(z, R, k, p=p, b=b, r1=r1)
     n_experts = z.shape[-1]
     best = np.full(n_experts, np.iinfo(np.int64).max, dtype=np.int64)
     ranks = np.broadcast_to(np.arange(picks.shape[-1]), picks.shape)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .ahead import Planner
-from .moce import CacheAwareRouter
+from .cache_aware import CacheAwareRouter
 
 
 def configure(engine, predictor=None, lookahead=1, unpert=1, route=False, moce_bonus=0.85, moce_protect=3,
