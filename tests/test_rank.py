@@ -21,10 +21,15 @@ def test_constructed_check_from_design():
     assert picks.tolist() == [0, 1, 2, 6, 7, 8]
     need_reading = [e for e in picks.tolist() if not R[e]]
     assert need_reading == [0, 1, 2]
-    # ahead(): unpert1 reads the raw top-6 minus mapped; unpert0 and route only {0, 1, 2}
-    assert ahead_candidates(Z, R, 6, mode="unpert1").tolist() == [0, 1, 2, 3, 4, 5]
-    assert ahead_candidates(Z, R, 6, mode="unpert0").tolist() == [0, 1, 2]
-    assert ahead_candidates(Z, R, 6, mode="route", p=3, b=0.85).tolist() == [0, 1, 2]
+    # ahead(): raw reads the top-6 minus mapped; resident_bonus and cache_aware only {0, 1, 2}
+    assert ahead_candidates(Z, R, 6, mode="raw").tolist() == [0, 1, 2, 3, 4, 5]
+    assert ahead_candidates(Z, R, 6, mode="resident_bonus").tolist() == [0, 1, 2]
+    assert ahead_candidates(Z, R, 6, mode="cache_aware", p=3, b=0.85).tolist() == [0, 1, 2]
+    # the seed's names (UNPERT=1, UNPERT=0, route) still name the same rankings
+    for seed, name in (("unpert1", "raw"), ("unpert0", "resident_bonus"), ("route", "cache_aware")):
+        assert ahead_candidates(Z, R, 6, mode=seed).tolist() == ahead_candidates(Z, R, 6, mode=name).tolist()
+    with pytest.raises(ValueError, match="unknown ahead mode 'unpert2'"):
+        ahead_candidates(Z, R, 6, mode="unpert2")
 
 
 @settings(max_examples=60, deadline=None)
@@ -36,7 +41,7 @@ def test_nonpositive_bonus_is_exactly_plain_topk(z, data):
     b = data.draw(st.sampled_from([0.0, -0.5]))
     r1 = data.draw(st.sampled_from([0.0, 0.3]))
     assert cache_aware_select(z, mask, k, p=data.draw(st.integers(0, 5)), b=b, r1=r1).tolist() == topk(z, k).tolist()
-    assert ahead_candidates(z, mask, k, mode="route", b=b).tolist() == ahead_candidates(z, mask, k, mode="unpert1").tolist()
+    assert ahead_candidates(z, mask, k, mode="cache_aware", b=b).tolist() == ahead_candidates(z, mask, k, mode="raw").tolist()
 
 
 def test_ties_break_by_expert_id():
@@ -73,7 +78,7 @@ def test_ahead_merges_batch_by_best_rank_then_id_and_skips_mapped():
     z[1, [4, 1, 6]] = [3, 2, 1]  # row 1 ranks 4, 1, 6
     mapped = np.zeros(8, dtype=bool)
     mapped[6] = True
-    got = ahead_candidates(z, mapped, 3, mode="unpert1")
+    got = ahead_candidates(z, mapped, 3, mode="raw")
     assert got.tolist() == [4, 5, 1, 2]  # rank 0: {4, 5}; rank 1: {1}; rank 2: {2, 6 mapped}
 
 

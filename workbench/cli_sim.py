@@ -12,6 +12,8 @@ import sys
 
 
 def register(subparsers) -> None:
+    from .routing.rank import AHEAD_MODES, SEED_MODE_NAMES
+
     p = subparsers.add_parser("replay", help="replay a trace through an eviction policy (uniform slots)",
                               description="Replay a recorded routing trace through engine eviction policies with an arena of N slots.")
     p.add_argument("trace", help="trace Parquet file (workbench run --trace)")
@@ -31,10 +33,11 @@ def register(subparsers) -> None:
     s.add_argument("--arena", default="0.25")
     s.add_argument("--predictor", default=None, help="'oracle' or a pred_<SRC> column's SRC (default: no read-ahead)")
     s.add_argument("--distance", type=int, default=None, help="rows ahead a prediction is available (default from the name)")
-    s.add_argument("--mode", default="unpert1", choices=["unpert1", "unpert0", "route"], help="ahead() ranking mode")
-    s.add_argument("--moce-bonus", type=float, default=0.85, help="resident bonus b for unpert0/route ranking")
-    s.add_argument("--moce-protect", type=int, default=3, help="protected width p for route ranking")
-    s.add_argument("--moce-r1", type=float, default=0.0, help="rank-1 resident bonus for route ranking")
+    s.add_argument("--mode", default="raw", choices=AHEAD_MODES + tuple(SEED_MODE_NAMES),
+                   help="ahead() ranking: raw | resident_bonus | cache_aware (the seed's unpert1 | unpert0 | route)")
+    s.add_argument("--moce-bonus", type=float, default=0.85, help="resident bonus b for resident_bonus/cache_aware ranking")
+    s.add_argument("--moce-protect", type=int, default=3, help="protected width p for cache_aware ranking")
+    s.add_argument("--moce-r1", type=float, default=0.0, help="rank-1 resident bonus for cache_aware ranking")
     s.add_argument("--gate", default="none", help="admission gate: none, confidence, cost")
     s.add_argument("--compute-ms", type=float, default=1.0, help="expert compute per layer (ms)")
     s.add_argument("--pre-ms", type=float, default=1.0, help="attention etc. before each MoE block (ms)")

@@ -10,11 +10,12 @@ The family then recomputes gate weights from the *unboosted* probabilities of th
 set (``cache_aware_weights`` shows the arithmetic; the bonus never enters the weights).
 
 ``ahead_candidates`` ranks *predicted* logits for a target layer for speculative reads, in
-three modes:
+three modes (the seed's audit names them UNPERT=1, UNPERT=0 and route; those spellings,
+``unpert1``, ``unpert0``, ``route``, are accepted too):
 
-* ``"unpert1"``: raw top-k of the predicted logits (the original engine's default);
-* ``"unpert0"``: ranks beyond 3 use the resident bonus b (p fixed at 3, no r1);
-* ``"route"``: the full cache-aware ranking with p, b, r1; with b <= 0 it is off (raw top-k).
+* ``"raw"``: raw top-k of the predicted logits (the original engine's default);
+* ``"resident_bonus"``: ranks beyond 3 use the resident bonus b (p fixed at 3, no r1);
+* ``"cache_aware"``: the full cache-aware ranking with p, b, r1; with b <= 0 it is off (raw top-k).
 
 Candidates of a batch are merged (best rank over the batch, ties by expert id), and experts
 already mapped (resident or in flight) are skipped.
@@ -28,9 +29,19 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["topk", "cache_aware_select", "cache_aware_weights", "ahead_candidates", "AHEAD_MODES"]
+__all__ = ["topk", "cache_aware_select", "cache_aware_weights", "ahead_candidates", "ahead_mode", "AHEAD_MODES"]
 
-AHEAD_MODES = ("unpert1", "unpert0", "route")
+AHEAD_MODES = ("raw", "resident_bonus", "cache_aware")
+SEED_MODE_NAMES = {"unpert1": "raw", "unpert0": "resident_bonus", "route": "cache_aware"}
+
+
+def ahead_mode(mode: str) -> str:
+    """The ranking mode ``mode`` names (one of ``AHEAD_MODES``, or the seed's name for it)."""
+    name = SEED_MODE_NAMES.get(mode, mode)
+    if name not in AHEAD_MODES:
+        raise ValueError(f"unknown ahead mode {mode!r}; valid modes: {', '.join(AHEAD_MODES)} "
+                         f"(the seed's {', '.join(SEED_MODE_NAMES)} also work)")
+    return name
 
 
 def _rank_rows(score, k, exclude=None):
@@ -109,18 +120,17 @@ def cache_aware_weights(probs, ids, normalize=True) -> np.ndarray:
     return w
 
 
-def ahead_candidates(pred_logits, mapped_mask, k, mode="unpert1", p=3, b=0.85, r1=0.0, resident_mask=None) -> np.ndarray:
+def ahead_candidates(pred_logits, mapped_mask, k, mode="raw", p=3, b=0.85, r1=0.0, resident_mask=None) -> np.ndarray:
     """Ordered expert ids to read ahead for one target layer.
 
     ``pred_logits``: predicted router logits, (n_experts,) or (batch, n_experts) for the
     tokens of a batch; ``mapped_mask``: bool (n_experts,), experts of the target layer that
     are already mapped (resident or in flight) and so are skipped; ``resident_mask``: the
-    published residents that earn the bonus in ``unpert0``/``route`` (default: mapped_mask).
+    published residents that earn the bonus in ``resident_bonus``/``cache_aware`` (default: mapped_mask).
     Each row is ranked to ``k`` picks by ``mode``; the batch is merged by best rank, ties by
     expert id; mapped experts are dropped. Returns int64 ids, best first.
     """
-    if mode not in AHEAD_MODES:
-        raise ValueError(f"unknown ahead mode {mode!r}; valid modes: {', '.join(AHEAD_MODES)}")
+    mode = ahead_mode(mode)
     z = np.asarray(pred_logits)
     if z.ndim == 1:
         z = z[None, :]
@@ -128,9 +138,9 @@ def ahead_candidates(pred_logits, mapped_mask, k, mode="unpert1", p=3, b=0.85, r
     if mapped.shape != (z.shape[-1],):
         raise ValueError(f"mapped mask must have shape ({z.shape[-1]},) to match the logits, got {mapped.shape}")
     R = mapped if resident_mask is None else np.asarray(resident_mask, dtype=bool)
-    if mode == "unpert1" or b <= 0:
+    if mode == "raw" or b <= 0:
         picks = topk(z, k)
-    elif mode == "unpert0":
+    elif mode == "resident_bonus":
         picks = cache_aware_select(z, R, k, p=3, b=b, r1=0.0)
     else:
         picks = cache_aware_select(z, R, k, p=p, b=b, r1=r1)

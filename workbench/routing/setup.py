@@ -8,15 +8,15 @@ from .cache_aware import CacheAwareRouter
 
 def configure(engine, predictor=None, lookahead=1, unpert=1, route=False, moce_bonus=0.85, moce_protect=3,
               moce_r1=0.0, gate="none", width=None, oracle_trace=None):
-    """unpert=1: exact router, ahead() reads the raw top-k of predicted logits.
-    unpert=0: cache-aware router with p=3, no r1 (APPROXIMATE); ahead() ranks the same way.
-    route:    cache-aware router with p, b, r1 as given (APPROXIMATE); ahead() ranks the same way.
+    """unpert=1: exact router, ahead() reads the raw top-k of predicted logits (ranking "raw").
+    unpert=0: cache-aware router with p=3, no r1 (APPROXIMATE); ahead() ranks the same way ("resident_bonus").
+    route:    cache-aware router with p, b, r1 as given (APPROXIMATE); ahead() ranks the same way ("cache_aware").
     oracle_trace: the recorded Trace (``trace.schema.read_trace``) that --predictor oracle reads."""
     if unpert not in (0, 1):
         raise ValueError(f"--unpert must be 0 or 1, got {unpert}")
     if route and moce_bonus <= 0:
         raise ValueError(f"--route with --moce-bonus {moce_bonus} <= 0 is the plain router; give a bonus > 0 or drop --route")
-    mode = "route" if route else ("unpert0" if unpert == 0 else "unpert1")
+    mode = "cache_aware" if route else ("resident_bonus" if unpert == 0 else "raw")
     engine.router = None
     if route:
         engine.router = CacheAwareRouter(engine, p=moce_protect, b=moce_bonus, r1=moce_r1)

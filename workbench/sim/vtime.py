@@ -19,7 +19,7 @@ Per routing row (token t, layer L) in trace order, as the engine's per-layer dec
 Each issued prefetch gets exactly one outcome, so ``issued`` equals the sum of the five
 outcome counts (checked at the end of every run). ``prefetch_bytes`` counts the bytes each
 outcome class actually read. Cache-aware routing itself is not replayable (see
-``replay.NotReplayableError``); ahead mode ``"route"`` only reorders prefetch candidates.
+``replay.NotReplayableError``); ahead mode ``"cache_aware"`` only reorders prefetch candidates.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..arena.arena import OUTCOMES, Arena, ArenaError
 from ..arena.counters import Counters
 from ..hooks import Hooks
 from ..routing.gates import Gate, make_gate
-from ..routing.rank import AHEAD_MODES, ahead_candidates
+from ..routing.rank import ahead_candidates, ahead_mode
 from .cache import NoVictimError
 from .replay import build_policy, check_replayable
 from .requests import load, parse_arena, requests_from_trace, select_rows
@@ -126,7 +126,7 @@ def _distance_for(src, distance, meta, n_layers):
 
 
 def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, predictor=None, distance=None,
-             mode="unpert1", k=None, p=3, b=0.85, r1=0.0, gate="none", gate_options=None, max_ahead=None,
+             mode="raw", k=None, p=3, b=0.85, r1=0.0, gate="none", gate_options=None, max_ahead=None,
              preload=True, moce_bonus=None, policy_options=None, progress=False) -> VTimeResult:
     """Run the virtual-time model over the decode rows of ``trace``.
 
@@ -146,8 +146,7 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
     warning = check_replayable(tr.meta, moce_bonus)
     timing = timing or Timing()
     timing.check()
-    if mode not in AHEAD_MODES:
-        raise ValueError(f"unknown ahead mode {mode!r}; valid modes: {', '.join(AHEAD_MODES)}")
+    mode = ahead_mode(mode)
     rows = select_rows(tr, "decode").reset_index(drop=True)
     if not len(rows):
         raise ValueError("the trace has no decode rows to simulate")
