@@ -12,6 +12,7 @@ import os
 import platform
 import statistics
 
+from workbench.config import IOConfig
 from workbench.engine.engine import Engine
 from workbench.fsutil import cache_dir
 from workbench.io.readpath import drop_cache, sequential_gbps
@@ -54,7 +55,7 @@ def main():
     rows = []
     for rep in range(a.reps):
         seq = sequential_gbps(path, a.mode, cold=True)
-        with Engine(store, arena="0.25", io_mode=a.mode, io_workers=8, progress=False, verify="never") as eng:
+        with Engine(store, arena="0.25", io=IOConfig(workers=8, mode=a.mode, verify="never"), progress=False) as eng:
             drop_cache(path)
             res = eng.generate(prompt, max_tokens=a.tokens)
         per_tok = statistics.median(res.step_times[1:])

@@ -15,6 +15,8 @@ The trace row: a full trace recorder (MoE inputs included) against the untraced 
 """
 
 import argparse
+import cProfile
+import pstats
 import datetime
 import platform
 import statistics
@@ -28,6 +30,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 from mlx_lm.utils import load_model
 
+from workbench.config import ArenaConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
 from workbench.fsutil import cache_dir
@@ -83,6 +86,18 @@ def streamed(eng, prompt, n, trace=None):
     return statistics.median(res.step_times[1:]) * 1e3, res.stats, (statistics.median(quiet) * 1e3 if quiet else None)
 
 
+def host_profile(eng, prompt, n, top):
+    """Where the host time of one streamed run goes: functions by own time, in us per token."""
+    prof = cProfile.Profile()
+    prof.enable()
+    eng.generate(prompt, max_tokens=n, progress=False)
+    prof.disable()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, fn), (_, calls, own, cum, _) in rows:
+        print(f"    {own / n * 1e6:8.0f} us/tok own {cum / n * 1e6:8.0f} cum {calls / n:7.1f} calls/tok  "
+              f"{Path(file).name}:{line} {fn}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -93,6 +108,8 @@ def main():
     ap.add_argument("--arenas", default="1.0,0.5,0.25")
     ap.add_argument("--decode", default="auto,layer")
     ap.add_argument("--writes", default=None, help="slot write modes to compare, e.g. direct,staged (default: the backend's)")
+    ap.add_argument("--profile", type=int, default=0, help="also print the N functions with the most host time per "
+                    "streamed token (cProfile, one run per combination)")
     a = ap.parse_args()
     dev = parse_device(a.device)
     if dev is not None:
@@ -112,7 +129,7 @@ def main():
     combos = [(arena, decode, w) for arena in a.arenas.split(",") for decode in a.decode.split(",")
               for w in (a.writes.split(",") if a.writes else [None])]
     for arena, decode, writes in combos:
-            with Engine.open(path, arena=arena, decode=decode, writes=writes, progress=False) as eng:
+            with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, progress=False) as eng:
                 streamed(eng, prompt, 8)  # warm: page cache and compiled kernels
                 r, f, s, q, stats = [], [], [], [], None
                 for _ in range(a.reps):
@@ -128,6 +145,8 @@ def main():
                       f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
                       f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  "
                       f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}", flush=True)
+                if a.profile:
+                    host_profile(eng, prompt, a.tokens, a.profile)
                 if arena == "1.0" and (decode, writes) == combos[0][1:]:
                     with tempfile.TemporaryDirectory() as d:
                         plain, traced = [], []

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from workbench.config import AheadConfig, ArenaConfig  # noqa: E402
 from workbench.trace.synthetic import synthetic_trace  # noqa: E402
 from workbench.sim.vtime import Timing, simulate  # noqa: E402
 
@@ -34,7 +35,7 @@ def main(argv=None):
         times = []
         for _ in range(a.repeat):
             t0 = time.perf_counter()
-            res = simulate(path, "lru", "0.25", predictor=pred, timing=Timing(expert_bytes=1 << 20))
+            res = simulate(path, ArenaConfig("0.25"), AheadConfig(pred), timing=Timing(expert_bytes=1 << 20))
             times.append(time.perf_counter() - t0)
         med, s = statistics.median(times), res.summary
         print(f"predictor {pred or 'none'}: {s['lookups']} lookups, median {med * 1e3:.0f} ms, "

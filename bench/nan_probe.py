@@ -39,8 +39,8 @@ def main():
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     from workbench.data import default_model
+    from workbench.config import AheadConfig, ArenaConfig
     from workbench.engine.engine import Engine, EngineError, parse_device
-    from workbench.routing.setup import configure
 
     dev = parse_device(a.device)
     if dev is not None:
@@ -63,8 +63,7 @@ def main():
     print(f"resident-warm:  non-finite steps per run {warm}")
     for writes in ("direct", "staged"):
         errors, tokens = [], set()
-        with Engine.open(path, arena="0.5", writes=writes, progress=False) as eng:
-            configure(eng, predictor="layer", lookahead=1)
+        with Engine.open(path, arena=ArenaConfig("0.5", writes=writes), ahead=AheadConfig("layer", 1), progress=False) as eng:
             for _ in range(a.runs):
                 try:
                     tokens.add(tuple(eng.generate(prompt, max_tokens=a.tokens).tokens))

@@ -7,7 +7,7 @@ On a tiny random 4-bit qwen3_moe (4 layers x 16 experts, top-4) and per slot-wri
 and a few decode tokens per-layer, then compare every published slot's tensors, byte for byte, with
 its blob in the store; report whether resident mlx-lm and the engine produce finite logits; check
 an isolated scatter into a slot tensor against numpy; and repeat identical runs (resident mlx-lm on
-the reference and tiny models, the engine with read-ahead in auto decode): if repeats differ, a
+the reference model and tiny models at hidden 64 / group 32 and hidden 256 / group 64, the engine with read-ahead in auto decode): if repeats differ, a
 residency difference under injected read delays is the backend's nondeterminism, not I/O timing.
 """
 
@@ -46,6 +46,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default=None)
     a = ap.parse_args()
+    from workbench.config import AheadConfig, ArenaConfig, IOConfig
     from workbench.engine.engine import Engine, EngineError, parse_device
     from workbench.randmodel import make_random_model
     from workbench.store.pack import pack
@@ -91,15 +92,16 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         model = make_random_model(Path(d) / "m", "qwen3_moe", seed=1, quantize_bits=4, moving=True, layers=4,
                                   experts=16, top_k=4, hidden=64, expert_width=32, vocab=128)
+        stable = make_random_model(Path(d) / "m256", "qwen3_moe", seed=1, quantize_bits=4, group_size=64, moving=True,
+                                   layers=4, experts=16, top_k=4, hidden=256, expert_width=128, vocab=128)
         store = pack(model, Path(d) / "s", progress=False)
         prompt = [9, 4, 27, 31, 2, 88, 5, 60, 13, 101]
         from mlx_lm.generate import generate_step
         from mlx_lm.utils import load_model
 
         from workbench.data import default_model
-        from workbench.routing.setup import configure
 
-        for name, path in (("reference", default_model()), ("tiny", model)):
+        for name, path in (("reference", default_model()), ("tiny h256 g64", stable), ("tiny", model)):
             res_model, _ = load_model(Path(path))
             runs = [np.stack([np.array(lp.astype(mx.float32)) for (_, lp), _ in
                               zip(generate_step(mx.array(prompt), res_model), range(12))]) for _ in range(4)]
@@ -110,8 +112,8 @@ def main():
         lps = list(runs[-1][:6])  # the tiny model's last resident run
         out = []
         for _ in range(4):
-            with Engine(store, arena="0.4", io_workers=4, progress=False) as eng:
-                configure(eng, predictor="layer", lookahead=1, gate="confidence")
+            with Engine(store, arena="0.4", io=IOConfig(workers=4), ahead=AheadConfig("layer", 1, gate="confidence"),
+                        progress=False) as eng:
                 try:
                     r = eng.generate(prompt, max_tokens=12)
                     out.append((tuple(r.tokens), r.stats["residency_hash"]))
@@ -120,7 +122,7 @@ def main():
         print(f"engine auto + read-ahead, 4 runs: distinct (tokens, residency) {len(set(out))}; {[o[1] for o in out]}")
         for writes in ("direct", "staged"):
             for arena in ("0.3", "0.6", "1.0"):
-                with Engine(store, arena=arena, writes=writes, decode="layer", progress=False) as eng:
+                with Engine(store, arena=ArenaConfig(arena, writes=writes), decode="layer", progress=False) as eng:
                     seen = []
 
                     def watch(v, name, **ctx):

@@ -35,6 +35,7 @@ small = False       # CI preset (fewer tokens)
 
 # %%
 from workbench.arena.policies import POLICIES, load_all
+from workbench.config import ArenaConfig
 from workbench.engine.engine import Engine
 from workbench.hooks import run_with_hooks
 from workbench.viz import widgets as wb
@@ -50,7 +51,7 @@ print(f"model: {model_dir}")
 # ## One generation
 
 # %%
-with Engine.open(model_dir, arena=arena, policy=policy) as eng:
+with Engine.open(model_dir, arena=ArenaConfig(arena, policy)) as eng:
     ids = prompt if prompt is not None else wb.default_prompt(eng)
     res = eng.generate(ids, max_tokens=max_tokens)
     if res.text is not None:  # the model ships a tokenizer
@@ -72,7 +73,7 @@ headline("How often does the arena hit, and how fast does the streamed model dec
 
 # %%
 def run_engine(arena_fraction, policy, max_tokens):
-    with Engine.open(model_dir, arena=float(arena_fraction), policy=policy, progress=False) as eng:
+    with Engine.open(model_dir, arena=ArenaConfig(float(arena_fraction), policy), progress=False) as eng:
         sub = f"arena {arena_fraction:.0%} = {eng.n_slots} of {eng.m.n_routed} experts, policy {policy}"
 
         def live(token, **ctx):  # redraw every ~0.3 s while decoding

@@ -55,9 +55,9 @@ import numpy as np
 import pandas as pd
 
 from workbench.analysis.compare import compare
+from workbench.config import AheadConfig, ArenaConfig
 from workbench.engine.engine import Engine
 from workbench.routing.rank import cache_aware_select, topk
-from workbench.routing.setup import configure
 from workbench.viz import widgets as wb
 from workbench.viz.headline import headline
 
@@ -95,15 +95,14 @@ OUTCOMES = ["useful_timely", "useful_late", "completed_unused", "partially_read"
 
 
 def variants(b, p, r1, arena, lookahead):
-    """Each configuration opens the engine with layer read-ahead and its own ranking, routing and policy."""
-    def engine(policy="lru", **routing):
-        return lambda: configure(Engine.open(model_dir, arena=f"{arena:.4f}", policy=policy, progress=False),
-                                 predictor="layer", lookahead=lookahead, **routing)
-
-    v = {"UNPERT1": engine(unpert=1), "UNPERT0": engine(unpert=0, moce_bonus=b)}
+    """Engine settings of each configuration: layer read-ahead, one ranking and routing mode each."""
+    lru, twohit = ArenaConfig(f"{arena:.4f}"), ArenaConfig(f"{arena:.4f}", "twohit")
+    v = {"UNPERT1": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="raw")),
+         "UNPERT0": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="resident_bonus", moce_bonus=b))}
     if b > 0:  # route with b <= 0 is the plain router: nothing to compare
-        v["route"] = engine(route=True, moce_protect=p, moce_bonus=b, moce_r1=r1)
-    v["twohit"] = engine("twohit", unpert=1)
+        v["route"] = dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="cache_aware", moce_protect=p,
+                                                       moce_bonus=b, moce_r1=r1))
+    v["twohit"] = dict(arena=twohit, ahead=AheadConfig("layer", lookahead, mode="raw"))
     return v
 
 
@@ -112,7 +111,7 @@ LABELS = {"UNPERT1": "UNPERT=1", "UNPERT0": "UNPERT=0", "route": "route", "twohi
 
 def run_compare(b, p, r1, arena, lookahead=lookahead, max_tokens=max_tokens):
     p = min(int(p), k)
-    res = compare(ids, max_tokens, variants(b, p, r1, arena, lookahead), progress=False)
+    res = compare(str(model_dir), ids, max_tokens, variants(b, p, r1, arena, lookahead), progress=False)
     rows = []
     for s in res:
         rows.append({"configuration": LABELS[s["name"]], "sync misses": s["sync_misses"], "hits": s["hits"],

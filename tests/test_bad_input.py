@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from workbench.cli import main
+from workbench.config import ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
 from workbench.model import ModelError
 from workbench.store.manifest import EXPERTS, MANIFEST, StoreError
@@ -45,8 +46,8 @@ def test_checksum_mismatch_names_layer_and_expert(store_copy):
         f.seek(offset + 10)
         f.write(b"\xff\x00\xff\x00")
     with pytest.raises(StoreError, match=f"checksum mismatch in layer {layer} expert {expert}"):
-        Engine(store_copy, arena="1.0", verify="always", progress=False)  # a full arena reads every blob at open
-    with Engine(store_copy, arena="1.0", verify="always", preload=False, progress=False) as eng:
+        Engine(store_copy, arena="1.0", io=IOConfig(verify="always"), progress=False)  # a full arena reads every blob at open
+    with Engine(store_copy, arena=ArenaConfig("1.0", preload=False), io=IOConfig(verify="always"), progress=False) as eng:
         with pytest.raises(StoreError, match=f"checksum mismatch in layer {layer} expert {expert}"):
             for start in range(0, 120, 7):  # route until the corrupted expert is read
                 eng.generate(list(range(start, start + 8)), max_tokens=4)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import TOL, resident_greedy
+from workbench.config import IOConfig
 from workbench.engine.engine import Engine
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "gpt_oss", "glm4_moe"]
@@ -59,7 +60,7 @@ def test_read_modes_agree(tiny):
     _, store = tiny("qwen3_moe", 4)
     outs = {}
     for mode in available_modes():
-        with Engine(store, arena="0.25", io_mode=mode, verify="always", progress=False) as eng:
+        with Engine(store, arena="0.25", io=IOConfig(mode=mode, verify="always"), progress=False) as eng:
             outs[mode] = eng.generate(PROMPT, max_tokens=6).tokens
     assert len(set(map(tuple, outs.values()))) == 1, outs
 
@@ -107,3 +108,29 @@ def test_auto_mode_switches_on_the_miss_pattern(tiny):
         tight = eng.generate(PROMPT, max_tokens=40)
     assert full.stats["optimistic_tokens"] == 12
     assert 0 < tight.stats["optimistic_tokens"] < 40  # probes only
+
+
+@pytest.mark.parametrize("decode", ["optimistic", "layer"])
+def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
+    """Staged writes (staging rows gathered into slots on the device) and direct writes give the
+    resident output, with read-ahead (speculative rows recycled or copied in), and staging rows are
+    reused rather than grown per read."""
+    from workbench.config import AheadConfig, ArenaConfig
+
+    model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    ref, ref_lp = resident_greedy(model_dir, PROMPT, 24)
+    outs = {}
+    for writes in ("direct", "staged"):
+        with Engine(store, arena=ArenaConfig("0.3", writes=writes), ahead=AheadConfig(predictor="layer", lookahead=1),
+                    decode=decode, progress=False) as eng:
+            res = eng.generate(PROMPT, max_tokens=24)
+            outs[writes] = (res.tokens, res.stats["residency_hash"])
+            assert res.tokens == ref, writes
+            np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL, err_msg=writes)
+            if writes == "staged":
+                staging = eng.arena.staging
+                rows = sum(c.shape[0] for c in staging.chunks)
+                reads = res.stats["misses"] + res.stats["prefill"]["misses"] + res.stats["prefetch"]["issued"]
+                assert reads > 2 * rows, (reads, rows)  # rows were reused
+                assert rows < eng.n_slots + 64
+    assert outs["direct"] == outs["staged"]

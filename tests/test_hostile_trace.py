@@ -19,12 +19,11 @@ from workbench.trace.schema import META_KEY, TraceError, read_trace
 @pytest.fixture(scope="module")
 def recorded(tiny, tmp_path_factory):
     """A real trace of the tiny model (with a predictor column), and its store."""
-    from workbench.routing.setup import configure
+    from workbench.config import AheadConfig
 
     _, store = tiny("qwen3_moe", 4)
     path = tmp_path_factory.mktemp("trace") / "run.parquet"
-    with Engine(store, arena="0.5", progress=False) as eng:
-        configure(eng, "layer", 1)
+    with Engine(store, arena="0.5", ahead=AheadConfig("layer", 1), progress=False) as eng:
         eng.generate([3, 14, 15, 92, 65, 35], max_tokens=6, trace=TraceRecorder(path))
     return path, store
 
@@ -252,10 +251,11 @@ def test_empty_or_garbage_hotlist_is_refused(recorded, tmp_path, capsys):
 
 def test_python_api_refuses_static_without_a_hotlist(recorded):
     from workbench.sim.replay import replay
+    from workbench.config import ArenaConfig
     from workbench.sim.vtime import simulate
 
     with pytest.raises(ValueError, match="pins the experts of a hotlist"):
         replay(recorded[0], "static", "0.5")
     with pytest.raises(ValueError, match="pins the experts of a hotlist"):
-        simulate(recorded[0], "static", "0.5")
+        simulate(recorded[0], ArenaConfig("0.5", "static"))
     assert replay(recorded[0], "static", "0.5", keys=[0, 1]).capacity == 8

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from tests.hostile_util import copy_store
+from workbench.config import IOConfig
 from workbench.engine.engine import Engine
 from workbench.store.manifest import EXPERTS, StoreError
 from workbench.store.reader import VERIFY_MODES, BlobReader
@@ -34,7 +35,7 @@ def _run(eng, rounds=6):
 def test_blob_changed_after_first_read(tiny, tmp_path, mode, caught):
     _, src = tiny("qwen3_moe", 4)
     store = copy_store(src, tmp_path / "s")
-    with Engine(store, arena="4", verify=mode, progress=False) as eng:
+    with Engine(store, arena="4", io=IOConfig(verify=mode), progress=False) as eng:
         _run(eng, 2)
         assert eng.reader._verified
         _flip_verified(eng, store)
@@ -54,7 +55,7 @@ def test_changed_rechecks_only_after_the_file_changed(tiny, tmp_path, monkeypatc
     crcs, reads = [], []
     monkeypatch.setattr("workbench.store.reader.zlib.crc32", lambda *a: crcs.append(1) or real_crc(*a))
     monkeypatch.setattr(BlobReader, "read", lambda self, *a, **k: reads.append(1) or real_read(self, *a, **k))
-    with Engine(store, arena="4", verify="changed", progress=False) as eng:
+    with Engine(store, arena="4", io=IOConfig(verify="changed"), progress=False) as eng:
         n_tensors = len(eng.m.tensors)
         _run(eng, 4)
         checks = len(crcs) // n_tensors
@@ -75,5 +76,5 @@ def test_unknown_verify_mode_lists_the_modes(tiny):
 
 
 def test_engine_api_refuses_too_many_io_workers_before_opening(tiny, tmp_path):
-    with pytest.raises(ValueError, match="io_workers 100000 is out of range: give a value in \\[1, 256\\]"):
-        Engine(tmp_path / "not-even-a-store", io_workers=100000, progress=False)
+    with pytest.raises(ValueError, match="--io-workers 100000 is out of range: give a value in \\[1, 256\\]"):
+        Engine(tmp_path / "not-even-a-store", io=IOConfig(workers=100000), progress=False)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import TOL, resident_greedy
+from workbench.config import AheadConfig, ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
 from workbench.routing.setup import configure
 from workbench.store.manifest import StoreError
@@ -21,15 +22,15 @@ def store(tiny):
 
 
 def _run(store, arena="0.5", max_tokens=12, delay=None, policy="lru", decode="layer", **cfg):
-    with Engine(store[1], arena=arena, policy=policy, io_workers=4, decode=decode, progress=False) as eng:
-        configure(eng, **cfg)
+    with Engine(store[1], arena=ArenaConfig(arena, policy), io=IOConfig(workers=4), ahead=AheadConfig(**cfg),
+                decode=decode, progress=False) as eng:
         if delay is not None:
             eng.reader.inject = delay
         return eng.generate(PROMPT, max_tokens=max_tokens)
 
 
-@pytest.mark.parametrize("mode", [dict(unpert=1), dict(unpert=0), dict(route=True, moce_protect=2, moce_r1=0.1),
-                                  dict(unpert=1, decode="optimistic"), dict(unpert=1, decode="auto")])
+@pytest.mark.parametrize("mode", [dict(mode="unpert1"), dict(mode="unpert0"), dict(mode="route", moce_protect=2, moce_r1=0.1),
+                                  dict(mode="unpert1", decode="optimistic"), dict(mode="unpert1", decode="auto")])
 @pytest.mark.parametrize("predictor", ["layer", "prev"])
 def test_prefetch_accounting_adds_up(store, predictor, mode):
     res = _run(store, predictor=predictor, lookahead=1, **{"arena": "0.3", **mode})
@@ -43,7 +44,7 @@ def test_prefetch_accounting_adds_up(store, predictor, mode):
 @pytest.mark.parametrize("decode", ["layer", "optimistic"])
 def test_exact_read_ahead_keeps_output_exact(store, decode):
     ref, ref_lp = resident_greedy(store[0], PROMPT, 12)
-    res = _run(store, arena="0.5", predictor="layer", lookahead=2, unpert=1, gate="confidence", decode=decode)
+    res = _run(store, arena="0.5", predictor="layer", lookahead=2, mode="unpert1", gate="confidence", decode=decode)
     assert res.tokens == ref
     np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
     assert res.stats["prefetch"]["useful_timely"] + res.stats["prefetch"]["useful_late"] > 0
@@ -71,22 +72,50 @@ def test_oracle_prefetch_removes_sync_misses(store, tmp_path):
     assert res.stats["prefetch"]["completed_unused"] == 0  # the oracle never reads what is not claimed
 
 
+@pytest.mark.parametrize("writes", ["direct", "staged"])
+def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes):
+    """In optimistic decode the planner reads the next token's experts once a token is settled:
+    with the oracle (the next step's recorded picks) most claims that were sync misses become
+    prefetch hits, and the output stays exact in both slot-write modes (direct writes never evict
+    a slot that the token already running on the device reads)."""
+    from workbench.trace.recorder import TraceRecorder
+    from workbench.trace.schema import read_trace
+
+    path = tmp_path / "oracle.parquet"
+    ref, ref_lp = resident_greedy(store[0], PROMPT, 16)
+    with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), decode="optimistic", progress=False) as eng:
+        plain = eng.generate(PROMPT, max_tokens=16, trace=TraceRecorder(path))
+    runs = {}
+    for predictor in ("oracle", "prev"):
+        ahead = AheadConfig(predictor=predictor, lookahead=1, oracle_trace=read_trace(path) if predictor == "oracle" else None)
+        with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), io=IOConfig(workers=4), ahead=ahead,
+                    decode="optimistic", progress=False) as eng:
+            res = runs[predictor] = eng.generate(PROMPT, max_tokens=16)
+        assert res.tokens == ref == plain.tokens, predictor
+        np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
+        assert res.stats["optimistic_tokens"] == 16 and res.stats["lookups"] == plain.stats["lookups"]
+        pf = res.stats["prefetch"]
+        assert pf["issued"] == sum(v for k, v in pf.items() if k != "issued") > 0
+        assert pf["useful_timely"] + pf["useful_late"] > 0, predictor
+    assert runs["oracle"].stats["sync_misses"] < plain.stats["sync_misses"] / 2
+
+
 def test_cache_aware_routing_trades_quality_for_hits(store):
     exact = _run(store, arena="0.35")
-    moce = _run(store, arena="0.35", route=True, moce_bonus=4.0, moce_protect=1)
+    moce = _run(store, arena="0.35", mode="route", moce_bonus=4.0, moce_protect=1)
     assert moce.stats["hit_rate"] > exact.stats["hit_rate"]
 
 
 def test_cache_aware_routing_with_tiny_bonus_matches_exact(store):
     """The override path reproduces the family's routing: with a negligible bonus, same tokens."""
     exact = _run(store, arena="1.0")
-    moce = _run(store, arena="1.0", route=True, moce_bonus=1e-9)
+    moce = _run(store, arena="1.0", mode="route", moce_bonus=1e-9)
     assert moce.tokens == exact.tokens
     np.testing.assert_allclose(moce.logprobs, exact.logprobs, atol=max(TOL, 2e-3))
 
 
 @pytest.mark.parametrize("cfg", [
-    dict(arena="0.4", predictor="layer", lookahead=1, route=True, moce_protect=2, moce_bonus=0.85, gate="confidence"),
+    dict(arena="0.4", predictor="layer", lookahead=1, mode="route", moce_protect=2, moce_bonus=0.85, gate="confidence"),
     dict(arena="0.4", predictor="layer", lookahead=1, gate="confidence", decode="auto"),
     dict(arena="0.3", predictor="prev", decode="optimistic"),
 ], ids=["cache-aware", "auto", "optimistic"])
@@ -105,8 +134,7 @@ def test_residency_is_deterministic_under_random_io_delays(store, cfg):
 
 
 def test_io_fault_surfaces_and_engine_recovers(store):
-    with Engine(store[1], arena="0.5", io_workers=3, progress=False) as eng:
-        configure(eng, predictor="layer")
+    with Engine(store[1], arena="0.5", io=IOConfig(workers=3), ahead=AheadConfig("layer"), progress=False) as eng:
         calls = {"n": 0}
 
         def fault(blob):
@@ -135,7 +163,7 @@ def test_short_read_names_the_blob(tiny, tmp_path):
     dst = tmp_path / "s"
     shutil.copytree(src, dst)
     size = (dst / EXPERTS).stat().st_size
-    with Engine(dst, arena="1.0", preload=False, progress=False) as eng, \
+    with Engine(dst, arena=ArenaConfig("1.0", preload=False), progress=False) as eng, \
             pytest.raises(StoreError, match="short read of layer 3 expert"):
         with open(dst / EXPERTS, "r+b") as f:  # cut the file after the open (a cut manifest is refused at open)
             f.truncate(size - 50000)
@@ -144,17 +172,17 @@ def test_short_read_names_the_blob(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("bad, msg", [
-    (dict(route=True, moce_bonus=0.0), "plain router"),
-    (dict(route=True, moce_protect=9), "between 0 and top-k"),
+    (dict(mode="route", moce_bonus=0.0), "plain router"),
+    (dict(mode="route", moce_protect=9), "between 0 and top-k"),
     (dict(predictor="layer", lookahead=4), "out of range"),
     (dict(predictor="psychic"), "unknown predictor"),
     (dict(predictor="layer", gate="vibes"), "unknown gate"),
     (dict(gate="confidence"), "also give --predictor"),
-    (dict(unpert=2), "0 or 1"),
+    (dict(mode="unpert2"), "unknown ahead mode"),
 ])
 def test_invalid_combinations(store, bad, msg):
     with Engine(store[1], arena="0.5", progress=False) as eng, pytest.raises(ValueError, match=msg):
-        configure(eng, **bad)
+        configure(eng, AheadConfig(**bad))
 
 
 def test_prefill_streams_hottest_experts_first_and_keeps_counters_apart(store):
@@ -183,7 +211,7 @@ def test_compare_and_ioreplay_cli(store, tmp_path, capsys):
 
     capsys.readouterr()
     assert main(["compare", str(store[1]), "--prompt-ids", "1,2,3,4,5", "--max-tokens", "6", "--common", "--arena 0.5",
-                 "--variant", "exact=--predictor layer", "--variant", "route=--predictor layer --route", "--json"]) == 0
+                 "--variant", "exact=--predictor layer", "--variant", "route=--predictor layer --mode route", "--json"]) == 0
     exact, route = js.loads(capsys.readouterr().out)
     assert exact["mean_kl"] == 0 and exact["same_tokens"]
     assert route["mean_kl"] >= 0 and set(exact["prefetch"]) == {"issued", "cancelled_before_read", "partially_read",
@@ -192,7 +220,7 @@ def test_compare_and_ioreplay_cli(store, tmp_path, capsys):
     assert main(["run", str(store[1]), "--prompt-ids", "1,2,3,4,5", "--max-tokens", "8", "--trace", str(trace),
                  "--predictor", "layer", "--json"]) == 0
     capsys.readouterr()
-    assert main(["ioreplay", str(trace), str(store[1]), "--arena", "0.5", "--prefetch", "layer", "--compute-ms", "0.2",
+    assert main(["ioreplay", str(trace), str(store[1]), "--arena", "0.5", "--predictor", "layer", "--compute-ms", "0.2",
                  "--json"]) == 0
     st = js.loads(capsys.readouterr().out)
     assert st["tokens"] == 8 and st["prefetch"]["issued"] > 0
@@ -215,7 +243,7 @@ def test_self_draft_and_verify_union_cost(store):
 def test_static_hotlist_is_preloaded_and_pinned(store, tmp_path):
     hot = tmp_path / "hot.txt"
     hot.write_text("# layer expert\n0 1\n0 2\n3 7\n")
-    with Engine(store[1], arena="0.25", policy="static", policy_options={"hotlist": str(hot)}, progress=False) as eng:
+    with Engine(store[1], arena=ArenaConfig("0.25", "static", {"hotlist": str(hot)}), progress=False) as eng:
         E = eng.m.n_experts
         assert {0 * E + 1, 0 * E + 2, 3 * E + 7} <= set(eng.arena.smap)
         eng.generate(PROMPT, max_tokens=12)
@@ -223,7 +251,7 @@ def test_static_hotlist_is_preloaded_and_pinned(store, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_text("9 1\n")
     with pytest.raises(ValueError, match="outside the model"):
-        Engine(store[1], arena="0.25", policy="static", policy_options={"hotlist": str(bad)}, progress=False)
+        Engine(store[1], arena=ArenaConfig("0.25", "static", {"hotlist": str(bad)}), progress=False)
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "mixtral", "gpt_oss"])
@@ -233,7 +261,7 @@ def test_cache_aware_override_reproduces_family_routing(tiny, family):
     _, store = tiny(family, 4)
     with Engine(store, arena="1.0", progress=False) as eng:
         exact = eng.generate(PROMPT, max_tokens=8)
-        configure(eng, route=True, moce_bonus=1e-9, moce_protect=1)
+        configure(eng, AheadConfig(mode="route", moce_bonus=1e-9, moce_protect=1))
         moce = eng.generate(PROMPT, max_tokens=8)
     assert moce.tokens == exact.tokens
     np.testing.assert_allclose(moce.logprobs, exact.logprobs, atol=max(TOL, 2e-3))
@@ -277,8 +305,8 @@ def test_an_error_at_any_step_of_a_claim_or_prefetch_ends_the_run_and_leaves_the
     import threading
 
     ref, _ = resident_greedy(store[0], PROMPT, 6)
-    with Engine(store[1], arena="0.4", io_workers=3, decode=decode, progress=False) as eng:
-        configure(eng, predictor="layer")
+    with Engine(store[1], arena="0.4", io=IOConfig(workers=3), ahead=AheadConfig("layer"), decode=decode,
+                progress=False) as eng:
         for nth in (1, 7):
             calls = {"n": 0}
 
@@ -322,6 +350,6 @@ def test_a_failed_open_leaves_no_thread_or_file(tiny, tmp_path):
     threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
     for _ in range(5):
         with pytest.raises(StoreError, match="checksum mismatch"):
-            Engine(dst, arena="1.0", io_workers=8, verify="always", progress=False)
+            Engine(dst, arena="1.0", io=IOConfig(workers=8, verify="always"), progress=False)
     assert threading.active_count() == threads
     assert len(os.listdir("/proc/self/fd")) == fds

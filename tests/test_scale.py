@@ -148,6 +148,7 @@ def test_ioreplay_maps_only_when_asked(tiny_store, traces, capsys):
 # --- sweeps -----------------------------------------------------------------------------
 
 def test_sweep_rows_are_the_library_results(cluster, traces, tmp_path):
+    from workbench.config import AheadConfig, ArenaConfig
     from workbench.sim.replay import replay
     from workbench.sim.sweep import Grid, load_sweep, sweep
     from workbench.sim.vtime import Timing, simulate
@@ -161,7 +162,7 @@ def test_sweep_rows_are_the_library_results(cluster, traces, tmp_path):
     assert {w for w in df.worker} <= set(cluster.scheduler_info["workers"])
     row = df[(df.workload == "sticky") & (df.policy == "fifo") & (df.arena == "0.25") & (df.predictor == "d1")
              & (df.gate == "confidence")].iloc[0]
-    s = simulate(traces[1], "fifo", 12, timing=Timing(bandwidth=1e9), predictor="d1", gate="confidence").summary
+    s = simulate(traces[1], ArenaConfig(12, "fifo"), AheadConfig("d1", gate="confidence"), timing=Timing(bandwidth=1e9)).summary
     assert (row.slots, row.sync_misses, row.bytes_read, row.prefetch_issued) == (12, s["sync_misses"], s["bytes_read"],
                                                                                 s["prefetch"]["issued"])
     assert row.bytes_per_token == s["bytes_read"] / s["tokens"] and row.timing_bandwidth == 1e9

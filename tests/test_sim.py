@@ -6,6 +6,7 @@ import pytest
 
 from workbench.arena.policies.lru import LRU
 from workbench.cli import main as cli
+from workbench.config import AheadConfig, ArenaConfig
 from workbench.sim.replay import NotReplayableError, replay, replay_grid, replay_keys
 from workbench.sim.requests import parse_arena, requests_from_trace
 from workbench.trace.synthetic import synthetic_trace
@@ -120,7 +121,7 @@ def test_closed_loop_routing_is_flagged(tmp_path):
     with pytest.raises(NotReplayableError, match="closed-loop"):
         replay(p, "lru", 2, moce_bonus=0.85)
     with pytest.raises(NotReplayableError, match="cannot be replayed from fixed routes"):
-        simulate(p, "lru", 2, moce_bonus=0.85)
+        simulate(p, ArenaConfig(2), moce_bonus=0.85)
     q = _trace(tmp_path / "r.parquet", [[[t % 3]] for t in range(6)], meta_extra={"route": True, "moce_bonus": 0.85})
     with pytest.warns(UserWarning, match="cache-aware routing on"):
         r = replay(q, "lru", 2)
@@ -136,7 +137,7 @@ def test_vtime_no_prefetch_closed_form(tmp_path):
     # one layer, a new expert every token, 2 slots: every token is one sync miss
     p = _trace(tmp_path / "t.parquet", [[[t % 8]] for t in range(8)])
     tm = Timing(compute_s=1e-3, pre_moe_s=2e-3, read_latency_s=1e-4, stream_bandwidth=1e9, expert_bytes=MB)
-    r = simulate(p, "lru", 2, timing=tm)
+    r = simulate(p, ArenaConfig(2), timing=tm)
     read = 1e-4 + MB / 1e9
     assert r.summary["sync_misses"] == 8
     assert r.summary["s_per_token"] == pytest.approx(2e-3 + read + 1e-3)
@@ -148,13 +149,13 @@ def test_vtime_oracle_prefetch_timely_and_late(tmp_path):
     # two layers (a prefetch never evicts its own target layer), a new expert every token
     p = _trace(tmp_path / "t.parquet", [[[t % 8], [t % 8]] for t in range(8)], layers=[0, 1])
     read = MB / 1e9
-    timely = simulate(p, "lru", 4, predictor="oracle", distance=1,
+    timely = simulate(p, ArenaConfig(4), AheadConfig("oracle", 1),
                       timing=Timing(compute_s=1e-3, pre_moe_s=2e-3, read_latency_s=0, stream_bandwidth=1e9))
     s = timely.summary
     assert s["sync_misses"] == 1 and s["prefetch"]["useful_timely"] == 15 and s["prefetch"]["issued"] == 15
     assert s["stall_s"] == pytest.approx(read)
     assert s["virtual_s"] == pytest.approx(16 * 3e-3 + read)
-    late = simulate(p, "lru", 4, predictor="oracle", distance=1,
+    late = simulate(p, ArenaConfig(4), AheadConfig("oracle", 1),
                     timing=Timing(compute_s=1e-3, pre_moe_s=0.5 * read, read_latency_s=0, stream_bandwidth=1e9))
     s = late.summary
     assert s["prefetch"]["useful_late"] == 15 and s["sync_misses"] == 1
@@ -163,7 +164,7 @@ def test_vtime_oracle_prefetch_timely_and_late(tmp_path):
 
 def test_vtime_prefetch_never_evicts_its_target_layer(tmp_path):
     p = _trace(tmp_path / "t.parquet", [[[t % 8]] for t in range(8)])
-    r = simulate(p, "lru", 3, predictor="oracle", distance=1, timing=Timing(read_latency_s=0))
+    r = simulate(p, ArenaConfig(3), AheadConfig("oracle", 1), timing=Timing(read_latency_s=0))
     assert r.summary["prefetch"]["issued"] == 2  # two free slots, then only layer-0 victims exist
 
 
@@ -176,17 +177,17 @@ def test_vtime_wrong_predictions_outcomes(tmp_path):
     piece = MB // 4
     t_piece = piece / 1e9
     # pieces: at a target row that hits, the read is in its 2nd piece -> partially_read
-    r = simulate(p, "lru", 6, predictor="x", distance=1,
+    r = simulate(p, ArenaConfig(6), AheadConfig("x", 1),
                  timing=Timing(compute_s=1e-3, pre_moe_s=1.5 * t_piece, read_latency_s=0, stream_bandwidth=1e9, piece_bytes=piece))
     pf = r.summary["prefetch"]
     assert pf["partially_read"] >= 1 and pf["useful_late"] == pf["useful_timely"] == 0
     assert r.summary["prefetch_bytes"]["partially_read"] == pf["partially_read"] * 2 * piece
     # no pieces: a running read finishes -> completed_unused, and the slot waits in limbo
-    r = simulate(p, "lru", 6, predictor="x", distance=1,
+    r = simulate(p, ArenaConfig(6), AheadConfig("x", 1),
                  timing=Timing(compute_s=1e-3, pre_moe_s=1.5 * t_piece, read_latency_s=0, stream_bandwidth=1e9))
     assert r.summary["prefetch"]["completed_unused"] >= 1
     # one worker reserved for urgent work: speculative reads never start
-    r = simulate(p, "lru", 6, predictor="x", distance=1, timing=Timing(workers=1, urgent_workers=1))
+    r = simulate(p, ArenaConfig(6), AheadConfig("x", 1), timing=Timing(workers=1, urgent_workers=1))
     pf = r.summary["prefetch"]
     assert pf["issued"] >= 1 and pf["cancelled_before_read"] == pf["issued"]
 
@@ -197,9 +198,9 @@ def test_vtime_wrong_predictions_outcomes(tmp_path):
 def test_vtime_accounting_invariants(tmp_path, policy, pred, mode, gate):
     p = tmp_path / "s.parquet"
     synthetic_trace(p, n_tokens=12, n_layers=4, n_experts=16, top_k=2, kind="sticky", predictors=(1, 2), with_logits=True)
-    r = simulate(p, policy, "0.5", predictor=pred, mode=mode, gate=gate,
-                 gate_options={"bytes": MB, "stall_saved": 1e-2} if gate == "cost" else None,
-                 timing=Timing(piece_bytes=MB // 4))
+    ahead = AheadConfig(pred, mode=mode, gate=gate,
+                        gate_options={"bytes": MB, "stall_saved": 1e-2} if gate == "cost" else None)
+    r = simulate(p, ArenaConfig("0.5", policy), ahead, timing=Timing(piece_bytes=MB // 4))
     s = r.summary
     assert s["prefetch"]["issued"] == sum(s["prefetch"][o] for o in OUTCOMES)
     assert s["prefetch_bytes"]["issued"] == sum(s["prefetch_bytes"][o] for o in OUTCOMES)
@@ -211,13 +212,13 @@ def test_vtime_accounting_invariants(tmp_path, policy, pred, mode, gate):
 def test_vtime_errors(tmp_path):
     p = _trace(tmp_path / "t.parquet", [[[0, 1, 2]]])
     with pytest.raises(ValueError, match="no evictable slot"):
-        simulate(p, "lru", 2)
+        simulate(p, ArenaConfig(2))
     with pytest.raises(ValueError, match="available predictors"):
-        simulate(p, "lru", 4, predictor="nope")
+        simulate(p, ArenaConfig(4), AheadConfig("nope"))
     with pytest.raises(ValueError, match="unknown ahead mode"):
-        simulate(p, "lru", 4, predictor="oracle", mode="x")
+        simulate(p, ArenaConfig(4), AheadConfig("oracle", mode="x"))
     with pytest.raises(ValueError, match="unknown gate"):
-        simulate(p, "lru", 4, predictor="oracle", gate="x")
+        simulate(p, ArenaConfig(4), AheadConfig("oracle", gate="x"))
 
 
 # --- command line -------------------------------------------------------------------

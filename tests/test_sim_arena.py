@@ -3,6 +3,7 @@ replay a trace through the same rules as the engine."""
 
 from test_sim import _trace
 from workbench.arena.arena import OUTCOMES
+from workbench.config import AheadConfig, ArenaConfig, IOConfig
 from workbench.sim.ioreplay import replay_io
 from workbench.sim.vtime import Timing, simulate
 
@@ -24,8 +25,9 @@ def test_unused_prefetch_is_unmapped_after_its_limbo(tmp_path, tiny):
 
     hooks = Hooks()
     _timely(hooks, [0, 1])  # the prefetch lands before its layer, as in simulate's timing
-    io = replay_io(p, store, arena="4", prefetch="x", distance=1, compute_ms=1.0, progress=False, hooks=hooks)
-    sim = simulate(p, "lru", 4, predictor="x", distance=1, timing=Timing(read_latency_s=0))
+    arena, ahead = ArenaConfig("4"), AheadConfig("x", 1)
+    io = replay_io(p, store, arena, ahead=ahead, compute_ms=1.0, progress=False, hooks=hooks)
+    sim = simulate(p, arena, ahead, timing=Timing(read_latency_s=0))
     tok = sim.tokens.set_index("step")
     assert io["hits"] == 1 and io["sync_misses"] == 3
     assert (tok.loc[2, "hits"], tok.loc[2, "sync_misses"]) == (1, 1)
@@ -69,13 +71,12 @@ def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
     from workbench.arena.counters import Counters
     from workbench.engine.engine import Engine
     from workbench.hooks import Hooks
-    from workbench.routing.setup import configure
     from workbench.trace.recorder import TraceRecorder
 
     _, store = tiny("qwen3_moe", 4, **SHAPE)
     path = tmp_path / "run.parquet"
-    with Engine(store, arena="0.4", io_workers=4, decode="layer", progress=False) as eng:
-        configure(eng, predictor="layer", lookahead=1)
+    arena, io, ahead = ArenaConfig("0.4"), IOConfig(workers=4), AheadConfig("layer", lookahead=1)
+    with Engine(store, arena=arena, io=io, ahead=ahead, decode="layer", progress=False) as eng:
         layers = eng.m.moe_layers
         live_res = _timely(eng.hooks, layers)
         eng.hooks.add("token.end", lambda v, step, **ctx: live_res.__setitem__(step, _hash(eng.arena)))
@@ -92,12 +93,10 @@ def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
         seen["rows"] = counters
 
     hooks.add("token.end", token_end)
-    replay_io(path, store, arena="0.4", prefetch="layer", distance=1, compute_ms=0.0, io_workers=4,
-              progress=False, hooks=hooks)
+    replay_io(path, store, arena, io, ahead, compute_ms=0.0, progress=False, hooks=hooks)
     io_counters = Counters()
     io_counters.rows = seen["rows"]
-    sim = simulate(path, "lru", "0.4", predictor="layer", distance=1,
-                   timing=Timing(pre_moe_s=1e-3, compute_s=1e-3, read_latency_s=1e-5, bandwidth=1e10))
+    sim = simulate(path, arena, ahead, timing=Timing(pre_moe_s=1e-3, compute_s=1e-3, read_latency_s=1e-5, bandwidth=1e10))
     sim_res = dict(zip(sim.tokens["step"], sim.tokens["residency"]))
 
     want = _per_step(live.counters)

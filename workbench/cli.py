@@ -34,40 +34,75 @@ def add_engine_args(p):
                                                     "(one sync per MoE layer)")
     p.add_argument("--slot-writes", default=None, help="direct (reads land in slot memory) | staged (host buffer, "
                                                        "then a device copy); default by backend")
-    g = p.add_argument_group("read-ahead and cache-aware routing")
-    g.add_argument("--predictor", default="none", help="none | layer | prev | oracle")
-    g.add_argument("--lookahead", type=int, default=1, help="distance D in MoE layers for --predictor layer/oracle")
+    add_ahead_args(p.add_argument_group("read-ahead and cache-aware routing"), live=True)
+
+
+def add_ahead_args(g, live: bool) -> None:
+    """The AheadConfig flags, one spelling for ``run``/``demo``/``compare`` (``live``) and ``simulate``/``ioreplay``."""
+    if live:
+        g.add_argument("--predictor", default=None,
+                       help="none | layer | prev | oracle (default: layer when --lookahead is given, else none)")
+    else:
+        g.add_argument("--predictor", default=None,
+                       help="oracle, or a recorded source (the trace's pred_SRC column, e.g. layer); default: layer "
+                            "when --lookahead is given, else no read-ahead")
+    default = "1" if live else "from the predictor's name: dN, 1 for oracle, one token for prev"
+    g.add_argument("--lookahead", type=int, default=None, help=f"distance D in MoE layers ahead (default {default}); "
+                                                               "without --predictor it implies --predictor layer")
+    g.add_argument("--mode", default="raw", help="raw: exact router, raw top-k read-ahead | resident_bonus: "
+                   "cache-aware router p=3 (approximate) | cache_aware: cache-aware router with --moce-* (approximate); "
+                   "the seed's names unpert1 | unpert0 | route also work"
+                   + ("" if live else "; here it only ranks read-ahead candidates"))
+    if live:  # deprecated spellings of --mode, kept for old command lines
+        g.add_argument("--unpert", dest="mode", type=_unpert_mode, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        g.add_argument("--route", dest="mode", action="store_const", const="cache_aware", default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
     g.add_argument("--ahead-width", type=int, default=None, help="candidates ranked per target layer (default top-k)")
-    g.add_argument("--oracle-trace", help="trace of the same prompt for --predictor oracle")
-    g.add_argument("--unpert", type=int, default=1, help="1: exact router; 0: cache-aware router with p=3 (approximate)")
-    g.add_argument("--route", action="store_true", help="cache-aware routing with --moce-* (approximate)")
+    if live:
+        g.add_argument("--oracle-trace", help="trace of the same prompt for --predictor oracle")
     g.add_argument("--moce-bonus", type=float, default=0.85, help="resident bonus b")
     g.add_argument("--moce-protect", type=int, default=3, help="protected width p")
     g.add_argument("--moce-r1", type=float, default=0.0, help="rank-1 resident bonus r1")
     g.add_argument("--gate", default="none", help="admission gate: none | confidence | cost")
 
 
-def check_engine_args(args) -> None:
-    """Refuse out-of-range flags up front, before a store is opened or a thread started."""
-    from .arena.policies.static import require_hotlist
-    from .checks import io_workers, real, whole
+def _unpert_mode(text: str) -> str:
+    if text not in ("0", "1"):
+        raise argparse.ArgumentTypeError(f"--unpert must be 0 or 1, got {text!r} (deprecated: use --mode raw|resident_bonus)")
+    return {"1": "raw", "0": "resident_bonus"}[text]
 
-    io_workers("--io-workers", args.io_workers, args.io_reserved)
-    whole("--lookahead", args.lookahead, 1)
-    whole("--ahead-width", args.ahead_width, 1, none_ok=True)
-    real("--moce-bonus", args.moce_bonus, 0)
-    whole("--moce-protect", args.moce_protect, 0)
-    real("--moce-r1", args.moce_r1, 0)
+
+def ahead_config(args):
+    """The AheadConfig the read-ahead flags describe."""
+    from .config import AheadConfig
+    from .trace.schema import read_trace
+
+    oracle = getattr(args, "oracle_trace", None)
+    return AheadConfig(predictor=args.predictor, lookahead=args.lookahead, width=args.ahead_width, mode=args.mode,
+                       moce_bonus=args.moce_bonus, moce_protect=args.moce_protect, moce_r1=args.moce_r1, gate=args.gate,
+                       oracle_trace=read_trace(oracle) if oracle else None)
+
+
+def arena_config(args, **extra):
+    """The ArenaConfig of --arena, --policy and --hotlist (``extra``: more ArenaConfig fields)."""
+    from .arena.policies.static import require_hotlist
+    from .config import ArenaConfig
+
+    options = {"hotlist": args.hotlist} if getattr(args, "hotlist", None) else None
+    require_hotlist(args.policy, options or {}, "--hotlist FILE")
+    return ArenaConfig(size=args.arena, policy=args.policy, policy_options=options, **extra)
+
+
+def engine_config(args) -> dict:
+    """Engine keyword arguments from the flags, every value checked before a store is opened or a thread started."""
+    from .checks import whole
+    from .config import IOConfig
+
     if getattr(args, "max_tokens", None) is not None:
         whole("--max-tokens", args.max_tokens, 1)
-    require_hotlist(args.policy, {"hotlist": args.hotlist} if args.hotlist else {}, "--hotlist FILE")
-
-
-def engine_kwargs(args) -> dict:
-    check_engine_args(args)
-    return dict(arena=args.arena, policy=args.policy, io_workers=args.io_workers, io_reserved=args.io_reserved,
-                io_mode=args.io_mode, verify=args.verify, device=args.device, decode=args.decode,
-                writes=args.slot_writes, seed=getattr(args, "seed", None), policy_options={"hotlist": args.hotlist} if args.hotlist else None)
+    return dict(arena=arena_config(args, writes=args.slot_writes),
+                io=IOConfig(workers=args.io_workers, reserved=args.io_reserved, mode=args.io_mode, verify=args.verify),
+                ahead=ahead_config(args), device=args.device, decode=args.decode, seed=getattr(args, "seed", None))
 
 
 def cmd_pack(args) -> int:
@@ -105,20 +140,10 @@ def cmd_cache(args) -> int:
 
 def open_engine(args, progress):
     from .engine.engine import Engine
-    from .routing.setup import configure
     from .store.cache import resolve_store
-    from .trace.schema import read_trace
 
-    kw = engine_kwargs(args)  # flags are checked before anything is packed or opened
-    oracle = read_trace(args.oracle_trace) if args.oracle_trace else None
-    eng = Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
-    try:
-        configure(eng, args.predictor, args.lookahead, args.unpert, args.route, args.moce_bonus, args.moce_protect,
-                  args.moce_r1, args.gate, args.ahead_width, oracle)
-    except BaseException:
-        eng.close()
-        raise
-    return eng
+    kw = engine_config(args)  # flags are checked before anything is packed or opened
+    return Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
 
 
 def add_generation_args(p):

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import shlex
 
 DEFAULT_VARIANTS = (
-    "unpert1=--predictor layer --unpert 1",
-    "unpert0=--predictor layer --unpert 0",
-    "route=--predictor layer --route",
-    "twohit=--predictor layer --unpert 1 --policy twohit",
+    "unpert1=--predictor layer --mode raw",
+    "unpert0=--predictor layer --mode resident_bonus",
+    "route=--predictor layer --mode cache_aware",
+    "twohit=--predictor layer --mode raw --policy twohit",
 )
 ROWS = ("tokens_per_s", "hit_rate", "hits", "misses", "sync_misses", "evictions", "bytes_per_token",
         "prefetch.issued", "prefetch.cancelled_before_read", "prefetch.partially_read", "prefetch.completed_unused",
@@ -19,17 +18,17 @@ ROWS = ("tokens_per_s", "hit_rate", "hits", "misses", "sync_misses", "evictions"
         "residency_hash")
 
 
-def variant_engines(model, specs, common, progress=True) -> dict:
-    """``NAME=FLAGS`` specs (``workbench run`` flags, after the ``common`` ones) as ``compare`` configurations;
-    every spec's flags are checked before any engine opens."""
-    from .cli import build_parser, open_engine
+def variant_configs(model, specs, common) -> dict:
+    """``NAME=FLAGS`` specs (``workbench run`` flags, after the ``common`` ones) as compare() variants."""
+    from .cli import build_parser, engine_config
 
     parser = build_parser()
     out = {}
     for spec in specs:
         name, _, flags = spec.partition("=")
-        args = parser.parse_args(["run", str(model), "--prompt-ids", "0"] + common + shlex.split(flags))
-        out[name] = functools.partial(open_engine, args, progress)
+        if name in out:
+            raise ValueError(f"--variant {name} is given twice; give each variant its own NAME")
+        out[name] = engine_config(parser.parse_args(["run", str(model), "--prompt-ids", "0"] + common + shlex.split(flags)))
     return out
 
 
@@ -57,8 +56,7 @@ def cmd_compare(args) -> int:
     prompt = parse_ids(args.prompt_ids) if args.prompt_ids else (args.prompt or [1, 2, 3, 4, 5, 6, 7, 8])
     base = shlex.split(args.common) if args.common else []
     specs = args.variant or list(DEFAULT_VARIANTS)
-    engines = variant_engines(model, specs, base, progress=not args.json)
-    results = compare(prompt, args.max_tokens, engines, progress=not args.json)
+    results = compare(model, prompt, args.max_tokens, variant_configs(model, specs, base), progress=not args.json)
     for r, spec in zip(results, specs):
         r["flags"] = spec.partition("=")[2]
     print(json.dumps(results) if args.json else table(results))
@@ -66,13 +64,15 @@ def cmd_compare(args) -> int:
 
 
 def cmd_ioreplay(args) -> int:
+    from .cli import arena_config
+    from .config import AheadConfig, IOConfig
     from .sim.ioreplay import replay_io
 
-    stats = replay_io(args.trace, args.store, arena=args.arena, policy=args.policy,
-                      policy_options={"hotlist": args.hotlist} if args.hotlist else None,
-                      compute_ms=args.compute_ms, prefetch=args.prefetch, distance=args.lookahead,
-                      io_mode=args.io_mode, io_workers=args.io_workers, max_steps=args.max_steps,
-                      progress=not args.json, map_layers=args.map_layers, map_experts=args.map_experts)
+    stats = replay_io(args.trace, args.store, arena=arena_config(args),
+                      io=IOConfig(workers=args.io_workers, reserved=args.io_reserved, mode=args.io_mode, verify="never"),
+                      ahead=AheadConfig(predictor=args.predictor, lookahead=args.lookahead), compute_ms=args.compute_ms,
+                      max_steps=args.max_steps, progress=not args.json, map_layers=args.map_layers,
+                      map_experts=args.map_experts)
     if args.json:
         print(json.dumps(stats))
     else:
@@ -90,7 +90,7 @@ def register(sub) -> None:
     g.add_argument("--prompt")
     g.add_argument("--prompt-ids")
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--variant", action="append", help="NAME=FLAGS, e.g. 'u0=--predictor layer --unpert 0' (repeat)")
+    p.add_argument("--variant", action="append", help="NAME=FLAGS, e.g. 'u0=--predictor layer --mode unpert0' (repeat)")
     p.add_argument("--common", default="--arena 0.25", help="flags every variant shares (default: --arena 0.25)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
@@ -102,10 +102,13 @@ def register(sub) -> None:
     p.add_argument("--policy", default="lru")
     p.add_argument("--hotlist", help="hotlist file for --policy static or ds4")
     p.add_argument("--compute-ms", type=float, default=None, help="per-layer compute (default: from the trace's run)")
-    p.add_argument("--prefetch", default=None, help="oracle, or a recorded predictor source (trace column pred_SRC)")
-    p.add_argument("--lookahead", type=int, default=1)
+    p.add_argument("--predictor", default=None, help="read ahead: oracle, or a recorded predictor source (trace column "
+                                                     "pred_SRC, e.g. layer); default: layer when --lookahead is given")
+    p.add_argument("--lookahead", type=int, default=None, help="layers ahead a read is issued (default 1); without "
+                                                               "--predictor it implies --predictor layer")
     p.add_argument("--io-mode", default="buffered")
     p.add_argument("--io-workers", type=int, default=8)
+    p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--map-layers", choices=["modulo", "spread"], default=None,
                    help="replay a trace of another model: store layer j takes trace layer j mod n (modulo) "

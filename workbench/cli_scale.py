@@ -44,8 +44,9 @@ def _list(text):
     return None if text is None else [t.strip() for t in text.split(",") if t.strip()]
 
 
-def cmd_sweep(args) -> int:
-    from .sim.sweep import Grid, SweepError, sweep
+def sweep_grid(args):
+    """The Grid of ``workbench sweep``'s flags (and --grid file)."""
+    from .sim.sweep import Grid
 
     timing = {k: v for k, v in dict(compute_s=args.compute_ms and args.compute_ms / 1e3, pre_moe_s=args.pre_ms and args.pre_ms / 1e3,
                                      bandwidth=args.bandwidth_gbs and args.bandwidth_gbs * 1e9,
@@ -63,6 +64,15 @@ def cmd_sweep(args) -> int:
         if not args.trace:
             raise ValueError("give one or more TRACE files or a --grid YAML file")
         grid = Grid(**{k: v for k, v in axes.items() if v is not None}, timing=timing)
+    if args.lookahead and args.predictor is None and grid.predictors == ["none"]:
+        grid.predictors = ["layer"]  # a lookahead alone reads ahead with the layer predictor, as in run and simulate
+    return grid
+
+
+def cmd_sweep(args) -> int:
+    from .sim.sweep import SweepError, sweep
+
+    grid = sweep_grid(args)
     try:
         res = sweep(grid, args.out, workers=args.workers, scheduler=args.scheduler, progress=True)
     except SweepError as e:
@@ -85,7 +95,8 @@ def register_sweep(sub) -> None:
     p.add_argument("--policy", help="comma list, e.g. lru,fifo")
     p.add_argument("--arena", help="comma list in any --arena form: 0.25, 25%%, 64, 2GB")
     p.add_argument("--predictor", help="comma list: none, oracle, or recorded sources (pred_SRC columns)")
-    p.add_argument("--lookahead", help="comma list of prediction distances in rows (default: from the predictor)")
+    p.add_argument("--lookahead", help="comma list of prediction distances in rows (default: from the predictor); "
+                                       "without --predictor it implies --predictor layer")
     p.add_argument("--gate", help="comma list: none, confidence, cost (simulate)")
     p.add_argument("--compute-ms", type=float, help="simulate: expert compute per layer (ms); ioreplay: slept per layer")
     p.add_argument("--pre-ms", type=float, help="simulate: attention etc. before each MoE block (ms)")

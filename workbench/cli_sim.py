@@ -1,7 +1,7 @@
 """Command line for the simulator: ``workbench replay``, ``workbench simulate`` and ``workbench export``.
 
     workbench replay TRACE --policy lru --arena 0.25 [--json]
-    workbench simulate TRACE --policy lru --arena 0.25 [--predictor oracle|SRC] [--json]
+    workbench simulate TRACE --policy lru --arena 0.25 [--predictor oracle|SRC] [--lookahead D] [--json]
     workbench export TRACE --format oraclegeneral|csv OUT
 """
 
@@ -12,8 +12,6 @@ import sys
 
 
 def register(subparsers) -> None:
-    from .routing.rank import AHEAD_MODES, SEED_MODE_NAMES
-
     p = subparsers.add_parser("replay", help="replay a trace through an eviction policy (uniform slots)",
                               description="Replay a recorded routing trace through engine eviction policies with an arena of N slots.")
     p.add_argument("trace", help="trace Parquet file (workbench run --trace)")
@@ -31,20 +29,16 @@ def register(subparsers) -> None:
     s.add_argument("trace")
     s.add_argument("--policy", default="lru")
     s.add_argument("--arena", default="0.25")
-    s.add_argument("--predictor", default=None, help="'oracle' or a pred_<SRC> column's SRC (default: no read-ahead)")
-    s.add_argument("--distance", type=int, default=None, help="rows ahead a prediction is available (default from the name)")
-    s.add_argument("--mode", default="raw", choices=AHEAD_MODES + tuple(SEED_MODE_NAMES),
-                   help="ahead() ranking: raw | resident_bonus | cache_aware (the seed's unpert1 | unpert0 | route)")
-    s.add_argument("--moce-bonus", type=float, default=0.85, help="resident bonus b for resident_bonus/cache_aware ranking")
-    s.add_argument("--moce-protect", type=int, default=3, help="protected width p for cache_aware ranking")
-    s.add_argument("--moce-r1", type=float, default=0.0, help="rank-1 resident bonus for cache_aware ranking")
-    s.add_argument("--gate", default="none", help="admission gate: none, confidence, cost")
+    from .cli import add_ahead_args
+
+    add_ahead_args(s.add_argument_group("read-ahead (ranking only: fixed routes cannot replay cache-aware routing)"),
+                   live=False)
     s.add_argument("--compute-ms", type=float, default=1.0, help="expert compute per layer (ms)")
     s.add_argument("--pre-ms", type=float, default=1.0, help="attention etc. before each MoE block (ms)")
     s.add_argument("--latency-us", type=float, default=100.0, help="read latency (us)")
     s.add_argument("--bandwidth-gbs", type=float, default=2.0, help="device read bandwidth (GB/s)")
     s.add_argument("--io-workers", type=int, default=8)
-    s.add_argument("--urgent-workers", type=int, default=2)
+    s.add_argument("--io-reserved", type=int, default=2, help="virtual workers that serve only urgent reads")
     s.add_argument("--piece-kb", type=int, default=None, help="split reads into pieces of this many KiB")
     s.add_argument("--expert-bytes", type=int, default=None, help="bytes per expert (default: the trace's)")
     s.add_argument("--json", action="store_true")
@@ -116,16 +110,12 @@ def cmd_replay(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from .sim.vtime import Timing, simulate
+    from .sim.vtime import simulate
     from .trace.schema import TraceError
 
     try:
-        check_simulate_args(args)
-        timing = Timing(compute_s=args.compute_ms / 1e3, pre_moe_s=args.pre_ms / 1e3, read_latency_s=args.latency_us / 1e6,
-                        bandwidth=args.bandwidth_gbs * 1e9, workers=args.io_workers, urgent_workers=args.urgent_workers,
-                        piece_bytes=args.piece_kb * 1024 if args.piece_kb else None, expert_bytes=args.expert_bytes)
-        res = simulate(args.trace, args.policy, args.arena, timing=timing, predictor=args.predictor, distance=args.distance,
-                       mode=args.mode, p=args.moce_protect, b=args.moce_bonus, r1=args.moce_r1, gate=args.gate)
+        arena, ahead, timing = simulate_config(args)
+        res = simulate(args.trace, arena, ahead, timing=timing)
     except (TraceError, ValueError) as err:
         return _fail(err)
     s = res.summary
@@ -138,22 +128,26 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def check_simulate_args(args) -> None:
+def simulate_config(args):
+    """(ArenaConfig, AheadConfig, Timing) of ``workbench simulate``'s flags, every value checked."""
     from .arena.policies.static import require_hotlist
-    from .checks import io_workers, real, whole
+    from .checks import real, whole
+    from .cli import ahead_config
+    from .config import ArenaConfig, IOConfig
+    from .sim.vtime import Timing
 
     real("--compute-ms", args.compute_ms, 0)
     real("--pre-ms", args.pre_ms, 0)
     real("--latency-us", args.latency_us, 0)
     real("--bandwidth-gbs", args.bandwidth_gbs, 0, open_lo=True)
-    io_workers("--io-workers", args.io_workers, args.urgent_workers, "--urgent-workers")
+    io = IOConfig(workers=args.io_workers, reserved=args.io_reserved)
     whole("--piece-kb", args.piece_kb, 1, none_ok=True)
     whole("--expert-bytes", args.expert_bytes, 1, none_ok=True)
-    whole("--distance", args.distance, 1, none_ok=True)
-    real("--moce-bonus", args.moce_bonus, 0)
-    whole("--moce-protect", args.moce_protect, 0)
-    real("--moce-r1", args.moce_r1, 0)
     require_hotlist(args.policy, {}, "one to `workbench replay TRACE --policy static -o hotlist=FILE` (simulate takes none)")
+    timing = Timing(compute_s=args.compute_ms / 1e3, pre_moe_s=args.pre_ms / 1e3, read_latency_s=args.latency_us / 1e6,
+                    bandwidth=args.bandwidth_gbs * 1e9, workers=io.workers, urgent_workers=io.reserved,
+                    piece_bytes=args.piece_kb * 1024 if args.piece_kb else None, expert_bytes=args.expert_bytes)
+    return ArenaConfig(size=args.arena, policy=args.policy), ahead_config(args), timing
 
 
 def cmd_export(args) -> int:

@@ -194,7 +194,7 @@ def run_config(engine, model, prompt_ids, args, chat_template: bool) -> dict:
         "model": str(model), "store": str(engine.root),
         "arena": {"spec": str(args.arena), "slots": engine.n_slots, "bytes": engine.n_slots * engine.m.expert_bytes,
                   "routed_experts": engine.m.n_routed, "expert_bytes": engine.m.expert_bytes},
-        "policy": args.policy, "predictor": args.predictor, "io_mode": args.io_mode,
+        "policy": args.policy, "predictor": engine.ahead_config.predictor, "io_mode": args.io_mode,
         "device": str(mx.default_device()), "decode": args.decode,
         "prompt_tokens": len(prompt_ids), "max_tokens": args.max_tokens,
         "sampler": {"temp": args.temp, "top_p": args.top_p, "min_p": args.min_p, "top_k": args.top_k,

@@ -64,3 +64,13 @@ def arena_slots(spec, n_routed: int, expert_bytes: int | None = None, top_k: int
             f"use --arena {max(1, top_k)} or more{each}; the arena takes {FORMS}"
         )
     return min(slots, n_routed)
+
+
+def check_arena(spec) -> None:
+    """Refuse an arena ``spec`` that cannot be read, before the model is known (``arena_slots``
+    then counts its slots against the model)."""
+    text = str(spec).strip().lower()
+    if isinstance(spec, str) and _SIZE.fullmatch(text) and _SIZE.fullmatch(text).group(2) in UNITS:
+        parse_bytes(text)
+    else:
+        arena_slots(spec, 2**62)

@@ -2,26 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
-
+from ..engine.engine import Engine
 from ..engine.quality import quality_cost
+from ..store.cache import resolve_store
 
 
-def compare(prompt, max_tokens, engines: Mapping[str, Callable], progress=True) -> list[dict]:
-    """Run each configuration (name -> a function returning a configured, not yet used ``Engine``)
-    on the same prompt. The first configuration is the reference for output identity, and exact
-    decoding (its engine with the router and read-ahead planner off) the reference for quality cost.
-    Each result is the run's stats plus ``mean_kl``, ``ppl_exact``, ``ppl_approx``, ``same_tokens``,
-    ``name`` and ``tokens_out``."""
-    out, exact_lp, exact_tokens, ref_tokens = [], None, None, None
-    for name, open_engine in engines.items():
-        with open_engine() as eng:
+def compare(model, prompt, max_tokens, variants: dict, progress=True) -> list[dict]:
+    """Run each variant (name -> Engine keyword arguments: ``arena=ArenaConfig(...)``,
+    ``ahead=AheadConfig(...)``, ...) on the same prompt; the first variant is the reference for
+    output identity, and exact decoding is the reference for quality cost."""
+    store = resolve_store(model, progress=progress)
+    out, exact_lp, ref_tokens = [], None, None
+    for name, kw in variants.items():
+        with Engine(store, progress=progress, **kw) as eng:
             res = eng.generate(prompt, max_tokens=max_tokens, progress=progress)
+            seq = res.prompt + res.tokens
             if exact_lp is None:
                 router, planner = eng.router, eng.planner
                 eng.router = eng.planner = None
-                exact_tokens = res.prompt + res.tokens
-                exact_lp = eng.score(exact_tokens)
+                exact_lp = eng.score(seq)
+                exact_tokens = seq
                 eng.router, eng.planner = router, planner
             approx_lp = eng.score(exact_tokens)
         s = dict(res.stats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pandas as pd
 
+from ..config import ArenaConfig
 from ..engine.engine import Engine
 from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT
@@ -20,7 +21,7 @@ def fit_table(model, prompt, arenas=("0.1", "0.25", "0.5", "1.0"), max_tokens=16
     resident_gb = (store / RESIDENT).stat().st_size / 1e9
     rows = []
     for arena in arenas:
-        with Engine(store, arena=arena, policy=policy, progress=False) as eng:
+        with Engine(store, arena=ArenaConfig(arena, policy), progress=False) as eng:
             mx.reset_peak_memory()
             res = eng.generate(prompt, max_tokens=max_tokens, progress=False)
             s = res.stats

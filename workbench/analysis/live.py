@@ -38,10 +38,10 @@ for _q, _name in (("arena hits", "arena hit share"), ("prefetch hits", "prefetch
                   ("sync misses", "sync miss share"), ("speculative issued", "issued per lookup")):
     SEED_STRATA[_name] = tuple(v / SEED_STRATA["lookups"][0] for v in SEED_STRATA[_q])
 STRATA = tuple(SEED_STRATA)
-# configure() arguments of each configuration (read-ahead: router of L on the input of L-1)
 # The second seed's SLRU-cold table: {arena GB of its model: (LRU GB read, SLRU-cold GB read)}
 SEED_SLRU = {8: (48.56, 47.84), 10: (40.53, 39.58)}
-CONFIGS = {"UNPERT=1": dict(unpert=1), "UNPERT=0": dict(unpert=0), "route": dict(route=True)}
+# the read-ahead mode of each configuration (layer predictor: router of L on the input of L-1)
+CONFIGS = {"UNPERT=1": "unpert1", "UNPERT=0": "unpert0", "route": "route"}
 
 
 def strata_counts(counters: pd.DataFrame) -> dict:
@@ -68,13 +68,13 @@ def strata_counts(counters: pd.DataFrame) -> dict:
     }
 
 
-def _run(store, ids, max_tokens, arena, policy="lru", config=None, lookahead=1):
+def _run(store, ids, max_tokens, arena, policy="lru", mode=None, lookahead=1):
+    """One plain run (``mode`` None) or one with layer read-ahead in ``mode`` (an AheadConfig mode)."""
+    from ..config import AheadConfig, ArenaConfig
     from ..engine.engine import Engine
-    from ..routing.setup import configure
 
-    with Engine(store, arena=str(arena), policy=policy, progress=False) as eng:
-        if config is not None:
-            configure(eng, "layer", lookahead, **config)
+    ahead = None if mode is None else AheadConfig("layer", lookahead, mode=mode)
+    with Engine(store, arena=ArenaConfig(str(arena), policy), ahead=ahead, progress=False) as eng:
         return eng.generate(ids, max_tokens=max_tokens)
 
 
@@ -94,7 +94,7 @@ def strata_runs(workload, configs=CONFIGS, residency: float = SEED_RESIDENCY, ma
     rows = []
     for name, run in _jobs(list(configs), workload.runs, progress, "strata runs"):
         ids = run.prompt_ids[:prompt_tokens] if prompt_tokens else run.prompt_ids
-        res = _run(workload.store, ids, max_tokens or workload.max_tokens, residency, config=configs[name],
+        res = _run(workload.store, ids, max_tokens or workload.max_tokens, residency, mode=configs[name],
                    lookahead=lookahead)
         rows.append(dict(configuration=name, prompt=run.prompt.id, **strata_counts(res.counters)))
     return pd.DataFrame(rows)

@@ -14,9 +14,10 @@ pass can run without asking the host which experts are resident (verified afterw
 Slot writes, per backend (``writes``):
   direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
            memory (CPU, Metal)
-  staged   reads land in a host buffer; a claimed read is copied into its slot by an MLX
-           scatter, ordered on the device stream before any compute that reads it (CUDA,
-           whose managed pages would otherwise migrate on every host write)
+  staged   reads land in host-written staging rows (``staging``); a claimed read is copied
+           into its slot on the device (a gather, then a scatter), ordered on the stream before
+           any compute that reads it (CUDA, whose managed pages would otherwise migrate on every
+           host write)
   none     no slot memory: reads land nowhere and ``flush`` does nothing; the simulators
            drive the same rules with an I/O backend of their own (``sim.vio``)
 
@@ -35,6 +36,7 @@ import numpy as np
 from ..io.scheduler import CANCELLED, DONE, FAILED, ReadRequest
 from ..store.manifest import StoreError
 from .policies import make_policy
+from .staging import Staging
 from .policies.base import Policy
 
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
@@ -83,10 +85,11 @@ class Arena:
             raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
             sizes = [t.nbytes for t in manifest.tensors]
             self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
-        self._staged: list = []  # (slot, host buffer) claimed reads waiting to be copied in (staged)
-        self._buffers: list = []  # free host buffers (staged)
+        self._staged: list = []  # (slot, staging row) claimed reads waiting to be copied in (staged)
+        self.staging = Staging([t.nbytes for t in manifest.tensors]) if self.writes == "staged" else None
         self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
         self.version = 0  # bumped whenever ``lut`` changes
+        self._device_lut = (None, {})  # (version, layer -> lut row on the device)
         self._exposed: list[int] = []
         self.key_of = [-1] * n_slots
         self.smap: dict[int, int] = {}
@@ -99,6 +102,7 @@ class Arena:
         self.free = list(range(n_slots))
         self.gen = 0
         self.step = 0
+        self.guard = None  # bool per slot: prefetches may not evict these (a pass still reads them)
 
     def preload(self, keys) -> None:
         """Read ``keys`` (a policy's warm set, e.g. a hotlist) before the first request, published."""
@@ -119,6 +123,13 @@ class Arena:
 
     def is_mapped(self, layer: int, expert: int) -> bool:
         return layer * self.E + expert in self.smap
+
+    def device_lut(self, layers) -> dict:
+        """``lut``'s rows for ``layers`` as device arrays, uploaded again only when ``lut`` changed."""
+        if self._device_lut[0] != self.version:
+            table = mx.array(self.lut[layers].astype(np.uint32))
+            self._device_lut = (self.version, {layer: table[i] for i, layer in enumerate(layers)})
+        return self._device_lut[1]
 
     def residency_signature(self) -> bytes:
         """The published residency set, as a bit mask over (layer, expert)."""
@@ -292,6 +303,11 @@ class Arena:
             raise
         return req
 
+    def speculative(self, layer: int, expert: int) -> ReadRequest | None:
+        """The open speculative read of (layer, expert), if any."""
+        s = self.smap.get(layer * self.E + expert)
+        return None if s is None else self.spec.get(s)
+
     def finish_speculation(self) -> None:
         """End of a request: settle every open speculative read and unmap it (deterministic)."""
         error = None
@@ -309,19 +325,17 @@ class Arena:
 
     # ---- slot writes -------------------------------------------------------------------
     def flush(self) -> None:
-        """Staged writes: copy claimed reads into their slots: one host->device copy of the reads,
+        """Staged writes: copy claimed reads into their slots: one gather of their staging rows,
         then one lazy scatter per tensor, ordered on the device stream before any compute that
         reads those slots."""
         if not self._staged:
             return
         n = len(self._staged)
         idx = mx.array([s for s, _ in self._staged], dtype=mx.uint32)
-        rows = mx.array(np.stack([buf for _, (buf, _) in self._staged]))  # [n, expert bytes] uint8
+        rows = self.staging.gather([row for _, row in self._staged])  # [n, expert bytes] uint8
         for t, off in zip(self.m.tensors, self._offsets()):
             part = mx.contiguous(rows[:, off:off + t.nbytes])
             self.tensors[t.name][idx] = part.view(_DTYPES[t.dtype]).reshape(n, *t.shape)
-        for _, buffer in self._staged:
-            self._buffers.append(buffer)
         self._staged.clear()
 
     def _commit(self, reqs) -> None:
@@ -338,9 +352,9 @@ class Arena:
             off += t.nbytes
 
     def _recycle(self, req) -> None:
-        """A staged read that will never be copied in gives its host buffer back."""
+        """A staged read that will never be copied in gives its staging row back."""
         if req.buffer is not None:
-            self._buffers.append(req.buffer)
+            self.staging.give(req.buffer)
             req.buffer = None
 
     def _request(self, s, key, speculative=False) -> ReadRequest:
@@ -350,17 +364,12 @@ class Arena:
             req = ReadRequest(blob, None, s, speculative=speculative)
         elif self.views is not None:
             req = ReadRequest(blob, self.views[s], s, speculative=speculative)
-        else:  # staged: a host buffer split like the slot's tensors (reused, so the reader's piece cache holds)
-            buffer = self._buffers.pop() if self._buffers else self._new_buffer()
-            req = ReadRequest(blob, buffer[1], s, speculative=speculative)
-            req.buffer = buffer
+        else:  # staged: a staging row split like the slot's tensors
+            row = self.staging.take()
+            req = ReadRequest(blob, row.views, s, speculative=speculative)
+            req.buffer = row
         req.step = self.step
         return req
-
-    def _new_buffer(self):
-        buf = np.empty(self.m.expert_bytes, dtype=np.uint8)
-        raw = memoryview(buf)
-        return buf, [raw[o:o + t.nbytes] for t, o in zip(self.m.tensors, self._offsets())]
 
     # ---- internals ---------------------------------------------------------------------
     def _to_limbo(self, layer):
@@ -429,7 +438,7 @@ class Arena:
             s = self.smap[key]
             if self.pinned[s] or s in self.spec or s in self.limbo:
                 continue
-            if avoid_layer is not None and key // self.E == avoid_layer:
+            if avoid_layer is not None and (key // self.E == avoid_layer or (self.guard is not None and self.guard[s])):
                 continue
             break
         else:

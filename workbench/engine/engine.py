@@ -20,11 +20,12 @@ from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
 from ..arena.counters import Counters, summarize
-from ..checks import io_workers as check_io_workers
+from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
 from ..families import family_of, gate_weights, router_logits
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..model import ModelError, build_model, config_hash, expert_modules
+from ..routing.setup import configure
 from ..sizes import arena_slots
 from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT, Manifest, StoreError
@@ -85,26 +86,25 @@ class Result:
 
 
 class Engine(SpeculativeMixin):
-    def __init__(self, store, arena="25%", policy="lru", policy_options=None, io_workers=8, io_reserved=2,
-                 io_mode="buffered", verify="first", progress=True, decode="auto", device=None, writes=None,
-                 preload="auto", sync_cost=None, seed=None):
-        """``decode``: auto (a controller picks per token), optimistic or layer (README, "How the engine works").
-        ``device``: cpu or gpu (default: MLX's default device). ``writes``: direct or staged slot
-        writes (default by backend). ``preload``: auto reads every expert at open when the arena
-        holds them all; True / False force it. ``seed``: seed MLX's generator right before the model
-        is built, where mlx-lm's generate seeds (building a model draws from it), so sampling at a
-        seed matches ``mlx_lm generate --seed``."""
-        check_io_workers("io_workers", io_workers, io_reserved, "io_reserved")  # before any thread or file
+    def __init__(self, store, arena: ArenaConfig | str | int | float = ArenaConfig(), io: IOConfig = IOConfig(),
+                 ahead: AheadConfig | None = None, decode="auto", device=None, sync_cost=None, seed=None, progress=True):
+        """``arena``: an ArenaConfig (a bare size such as "25%" means ``ArenaConfig(size)``); ``io``: an
+        IOConfig; ``ahead``: read-ahead and cache-aware routing (``routing.setup.configure``; None: exact,
+        no read-ahead). ``decode``: auto (a controller picks per token), optimistic or layer (README,
+        "How the engine works"). ``device``: cpu or gpu (default: MLX's default device). ``seed``: seed
+        MLX's generator right before the model is built, where mlx-lm's generate seeds (building a
+        model draws from it), so sampling at a seed matches ``mlx_lm generate --seed``."""
+        arena = as_arena(arena)
+        if not isinstance(io, IOConfig) or not (ahead is None or isinstance(ahead, AheadConfig)):
+            raise TypeError("Engine: io must be an IOConfig and ahead an AheadConfig (workbench.config)")
         self.reader = self.io = None
         try:
-            self._open(store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
-                       decode, device, writes, preload, sync_cost, seed)
+            self._open(store, arena, io, ahead, decode, device, sync_cost, seed, progress)
         except BaseException:
             self.close()  # a failed open leaves no thread or file behind
             raise
 
-    def _open(self, store, arena, policy, policy_options, io_workers, io_reserved, io_mode, verify, progress,
-              decode, device, writes, preload, sync_cost, seed):
+    def _open(self, store, arena, io, ahead, decode, device, sync_cost, seed, progress):
         self.device = parse_device(device)
         if self.device is not None:
             mx.set_default_device(self.device)
@@ -124,10 +124,11 @@ class Engine(SpeculativeMixin):
         self.counters = Counters()
         self.top_k = self.m.top_k
         self.family = family_of(self.m.data["model_type"])
-        self.n_slots = arena_slots(arena, self.m.n_routed, self.m.expert_bytes, self.top_k)
-        self.reader = BlobReader(self.root, self.m, mode=io_mode, verify=verify)
-        self.io = IOScheduler(self.reader, workers=io_workers, reserved=min(io_reserved, io_workers))
-        self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, policy, policy_options, writes)
+        self.n_slots = arena_slots(arena.size, self.m.n_routed, self.m.expert_bytes, self.top_k)
+        self.reader = BlobReader(self.root, self.m, mode=io.mode, verify=io.verify)
+        self.io = IOScheduler(self.reader, workers=io.workers, reserved=io.reserved)
+        self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, arena.policy, arena.options,
+                           arena.writes)
         if seed is not None:
             mx.random.seed(seed)
         self.model = self._build_model()
@@ -136,16 +137,17 @@ class Engine(SpeculativeMixin):
         self.sync_cost = SYNC_COST[backend] if sync_cost is None else float(sync_cost)
         self._opt = None
         warm = self.arena.policy.warm_keys()
-        if preload is True or (preload == "auto" and self.n_slots >= self.m.n_routed):
+        if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
             warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
         self.arena.preload(list(dict.fromkeys(warm)))
         self.recorder = None
-        self.planner = None  # read-ahead planner (routing.ahead), optional
+        self.planner = None  # read-ahead planner (routing.ahead), optional; set by configure
         self.router = None  # cache-aware router (routing.moce), optional; None = exact
         self._moe_in, self._logits = {}, {}
         self._tokenizer = None
         self._prompt_hot = []
         self.step = 0
+        configure(self, ahead)  # the planner and router (None: exact, no read-ahead)
 
     @classmethod
     def open(cls, path, **kw) -> "Engine":
@@ -224,7 +226,7 @@ class Engine(SpeculativeMixin):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         ids = self.encode(prompt)
-        self._prompt = ids
+        self._prompt, self._max_step = ids, max_tokens
         self.recorder = trace
         if trace is not None:
             trace.attach(self)
@@ -284,6 +286,8 @@ class Engine(SpeculativeMixin):
             bar.close()
             if ahead is not None:
                 mx.eval(ahead.y)  # nothing may still read a slot when the arena is cleaned up
+            # no lazy slot write outlives the run: MLX's CUDA streams belong to the thread that built them
+            mx.eval(list(self.arena.tensors.values()))
             self._opt = None
             self.arena.finish_speculation()
             self.arena.release()
@@ -318,11 +322,11 @@ class Engine(SpeculativeMixin):
         p = OptimisticPass(self)
         p.step = step
         self._run_pass(p, y, cache)
-        mx.async_eval(p.host, *getattr(p, "record", []))
+        mx.async_eval(p.host, *[flat for _, flat in p.record])
         return p
 
     def _run_pass(self, p, y, cache):
-        p.upload(self.arena, self.m.moe_layers)
+        p.lut, p.table = self.arena.device_lut(self.m.moe_layers), self.arena.lut.copy()
         p.input = y
         self._opt, self._logits, self._moe_in = p, p.logits, p.moe_in
         try:
@@ -337,9 +341,11 @@ class Engine(SpeculativeMixin):
         # one array, one transfer: every layer's ids, then the finite flag, then the token
         p.host = mx.concatenate([p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed]
                                 + [finite, p.y.astype(mx.uint32)])
-        if self.recorder is not None:  # what the trace keeps, converted on the device in the same pass
-            p.record = [mx.concatenate([d[layer].reshape(-1).astype(mx.float32) for layer in computed])
-                        for d in (p.logits, p.moe_in) if all(layer in d for layer in computed)]
+        # what the trace keeps (router logits and MoE inputs) or the planner reads (logits), converted
+        # on the device in the same pass and moved in one transfer each
+        keep = (p.logits, p.moe_in) if self.recorder is not None else (p.logits,) if self.planner is not None else ()
+        p.record = [(d, mx.concatenate([d[layer].reshape(-1).astype(mx.float32) for layer in computed]))
+                    for d in keep if all(layer in d for layer in computed)]
 
     def _finish(self, p, cache, ahead):
         """Verify ``p`` (one sync), settle its layers, recover from misses; returns (logits, ahead).
@@ -353,7 +359,7 @@ class Engine(SpeculativeMixin):
             layers = p.computed
             self._host_values(p, layers)
             skip = settled - (len(self.m.moe_layers) - len(layers))  # layers of this pass already settled
-            miss = first_miss(self.arena.lut, self.arena.placeholder, layers[skip:], ids[skip:])
+            miss = first_miss(self.arena.lut, p.table, self.arena.placeholder, layers[skip:], ids[skip:])
             stop = len(layers) if miss is None else skip + miss
             if self.hooks.active or self.recorder is not None or self.planner is not None or self.arena.spec:
                 for j in range(skip, stop):
@@ -378,22 +384,22 @@ class Engine(SpeculativeMixin):
             p.start, p.attempt = layer, p.attempt + 1
             with Rewind(cache, layer):
                 self._run_pass(p, p.input, cache)
-            mx.eval(p.host, *getattr(p, "record", []))
+            mx.eval(p.host, *[flat for _, flat in p.record])
             self.arena.release()
             self.arena.after_layer()
         self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += time.perf_counter_ns() - t0
         self.arena.unexpose()
+        self._read_next(p, ahead)
         self.controller.observe(p.attempt)
         if not p.finite_ok:
             self._check_finite(p.out)
         return p.out, ahead
 
     def _host_values(self, p, layers):
-        """The trace's logits and MoE inputs of this pass, as numpy, from the one device array each."""
+        """The trace's (or the planner's) values of this pass, as numpy, from one device array each."""
         self._logits, self._moe_in = p.logits, p.moe_in
-        if self.recorder is None:
-            return
-        for d, flat in zip((p.logits, p.moe_in), (np.array(r) for r in p.record)):
+        for d, flat in p.record:
+            flat = np.array(flat)
             parts = np.split(flat, np.cumsum([int(np.prod(d[layer].shape)) for layer in layers])[:-1])
             for layer, part in zip(layers, parts):
                 d[layer] = part.reshape(d[layer].shape)
@@ -413,6 +419,21 @@ class Engine(SpeculativeMixin):
             self.arena.release()
             self.arena.after_layer()
 
+    def _read_next(self, p, ahead):
+        """With a planner: read the next token's likely experts now. The next token may already be
+        running on the device: with direct writes (reads land in slot memory at once) no slot its
+        table references may be a victim; staged writes reach a slot only through the device
+        stream, after that token's compute."""
+        if self.planner is None or p.step >= self._max_step:
+            return
+        if ahead is not None and self.arena.writes == "direct":
+            self.arena.guard = np.zeros(self.n_slots + 1, dtype=bool)
+            self.arena.guard[ahead.table] = True
+        try:
+            self.planner.next_token(self, p.logits)
+        finally:
+            self.arena.guard = None
+
     def _read_successors(self, layers, ids):
         """After a miss: the perturbed pass's picks for the later layers are good guesses. With a
         planner, read the unpublished ones speculatively and wait, so the recompute can use them
@@ -422,7 +443,7 @@ class Engine(SpeculativeMixin):
         reqs = []
         for layer, row in zip(layers, ids):
             for e in row:
-                req = self.arena.prefetch(layer, int(e), self.top_k)
+                req = self.arena.speculative(layer, int(e)) or self.arena.prefetch(layer, int(e), self.top_k)
                 if req is not None:
                     reqs.append(req)
         for req in reqs:  # waited for now: urgent, and the decode thread reads too

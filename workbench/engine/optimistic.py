@@ -62,7 +62,7 @@ class OptimisticPass:
         self.start = 0  # first decoder layer computed in this pass; earlier ones return saved outputs
         self.saved: dict[int, object] = {}  # decoder layer -> its output in the latest pass
         self.ids: dict[int, mx.array] = {}  # MoE layer -> expert ids recorded in this pass
-        self.lut: dict[int, mx.array] = {}
+        self.lut: dict[int, mx.array] = {}  # MoE layer -> expert->slot row on the device (Arena.device_lut)
         self.logits: dict[int, mx.array] = {}  # MoE layer -> router logits (lazy), for traces and hooks
         self.moe_in: dict[int, mx.array] = {}
         self.attempt = 0  # recomputes so far
@@ -79,20 +79,16 @@ class OptimisticPass:
         self.ids[layer] = indices
         return inner(x, self.lut[layer][indices])
 
-    def upload(self, arena, layers) -> None:
-        """Device copies of the expert->slot rows, rebuilt only when residency changed."""
-        if getattr(self, "_version", None) == arena.version:
-            return
-        table = mx.array(arena.lut[layers].astype(np.uint32))
-        self.lut = {layer: table[i] for i, layer in enumerate(layers)}
-        self._version = arena.version
 
 
-def first_miss(lut: np.ndarray, placeholder: int, layers, ids: np.ndarray):
-    """Index (into ``layers``) of the first layer whose ids were not all published, or None."""
+def first_miss(lut: np.ndarray, table: np.ndarray, placeholder: int, layers, ids: np.ndarray):
+    """Index (into ``layers``) of the first layer whose ids were not all published, in the slots
+    of ``table`` (the pass's own copy of ``lut``), or None."""
     if len(layers) == 0:
         return None
-    missed = (lut[np.asarray(layers, dtype=np.int64)[:, None], ids] == placeholder).any(axis=1)
+    rows = np.asarray(layers, dtype=np.int64)[:, None]
+    now = lut[rows, ids]
+    missed = ((now == placeholder) | (now != table[rows, ids])).any(axis=1)
     hit = np.flatnonzero(missed)
     return int(hit[0]) if hit.size else None
 

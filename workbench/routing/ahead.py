@@ -64,19 +64,38 @@ class Planner:
         t0 = time.perf_counter_ns()
         target, z = self._predict(engine, layer)
         if target is not None:
-            arena = engine.arena
-            mapped = np.zeros(engine.m.n_experts, dtype=bool)
-            lo = target * arena.E
-            for key in arena.smap:
-                if lo <= key < lo + arena.E:
-                    mapped[key - lo] = True
-            cands = ahead_candidates(z, mapped, self.width, self.mode, self.p, self.b, self.r1,
-                                     resident_mask=arena.resident_mask(target))
-            self.pending[target] = cands
-            self.recent[target] = [cands.tolist()]
-            for e in self.gate.filter(target, cands):
-                arena.prefetch(target, e, engine.top_k)
+            self._read(engine, target, z, self.width)
         engine.counters.row(engine.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
+
+    def next_token(self, engine, logits: dict) -> None:
+        """Optimistic decode, after a token is settled: read the next token's likely experts,
+        ranking each MoE layer's router logits of this token (what ``prev`` predicts; a layer
+        predictor cannot see the next token's inputs before it runs; ``oracle`` reads the
+        recorded selections of the next step)."""
+        t0 = time.perf_counter_ns()
+        width = self.width if self.predictor == "prev" else 2 * engine.top_k  # this token's top-k are mapped
+        for layer in self.layers:
+            if self.predictor == "oracle":
+                z = self._oracle_logits(engine.step + 1, layer, engine.m.n_experts)
+            else:
+                z = logits.get(layer)
+            if z is not None:
+                self._read(engine, layer, np.asarray(z, dtype=np.float32).reshape(-1, engine.m.n_experts), width)
+        engine.counters.row(engine.step, self.layers[-1])["predict_ns"] += time.perf_counter_ns() - t0
+
+    def _read(self, engine, target, z, width) -> None:
+        arena = engine.arena
+        mapped = np.zeros(engine.m.n_experts, dtype=bool)
+        lo = target * arena.E
+        for key in arena.smap:
+            if lo <= key < lo + arena.E:
+                mapped[key - lo] = True
+        cands = ahead_candidates(z, mapped, width, self.mode, self.p, self.b, self.r1,
+                                 resident_mask=arena.resident_mask(target))
+        self.pending[target] = cands
+        self.recent[target] = [cands.tolist()]
+        for e in self.gate.filter(target, cands):
+            arena.prefetch(target, e, engine.top_k)
 
     def _predict(self, engine, layer):
         E = engine.m.n_experts
@@ -92,12 +111,16 @@ class Planner:
             return (layer, np.array(z.astype(mx.float32)).reshape(-1, E)) if z is not None else (None, None)
         i = self.pos[layer] + self.distance
         step, target = (engine.step, self.layers[i]) if i < len(self.layers) else (engine.step + 1, self.layers[i - len(self.layers)])
-        sel = self.oracle.get((step, target))
+        z = self._oracle_logits(step, target, E)
+        return (target, z) if z is not None else (None, None)
+
+    def _oracle_logits(self, step, layer, E):
+        sel = self.oracle.get((step, layer))
         if sel is None:
-            return None, None
+            return None
         z = np.full((1, E), -1e9, dtype=np.float32)
         z[0, sel] = -np.arange(len(sel), dtype=np.float32)  # recorded order: strongest first
-        return target, z
+        return z
 
     def candidates(self, layer) -> dict:
         c = self.recent.pop(layer, None)

@@ -29,19 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import AHEAD_MODES, ahead_mode
+
 __all__ = ["topk", "cache_aware_select", "cache_aware_weights", "ahead_candidates", "ahead_mode", "AHEAD_MODES"]
 
-AHEAD_MODES = ("raw", "resident_bonus", "cache_aware")
-SEED_MODE_NAMES = {"unpert1": "raw", "unpert0": "resident_bonus", "route": "cache_aware"}
-
-
-def ahead_mode(mode: str) -> str:
-    """The ranking mode ``mode`` names (one of ``AHEAD_MODES``, or the seed's name for it)."""
-    name = SEED_MODE_NAMES.get(mode, mode)
-    if name not in AHEAD_MODES:
-        raise ValueError(f"unknown ahead mode {mode!r}; valid modes: {', '.join(AHEAD_MODES)} "
-                         f"(the seed's {', '.join(SEED_MODE_NAMES)} also work)")
-    return name
 
 
 def _rank_rows(score, k, exclude=None):

@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
 from ..arena.counters import Counters, summarize
+from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..sizes import arena_slots
@@ -58,30 +59,37 @@ def expert_map(n_trace: int, n_store: int, how=None):
     raise ValueError(f"unknown expert map {how!r}; valid: {', '.join(MAP_EXPERTS)}")
 
 
-def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetch=None, distance=1,
-              io_mode="buffered", io_workers=8, io_reserved=2, max_steps=None, progress=True,
-              map_layers=None, map_experts=None, policy_options=None, hooks=None) -> dict:
-    """Replay ``trace`` (workbench.trace.schema.Trace) against ``store``.
+def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | None = None,
+              ahead: AheadConfig | None = None, compute_ms=None, max_steps=None, progress=True,
+              map_layers=None, map_experts=None, hooks=None) -> dict:
+    """Replay ``trace`` (workbench.trace.schema.Trace, or a path) against ``store``.
 
-    compute_ms: per-layer compute time in ms (default: the trace run's compute_s spread evenly).
-    prefetch: None, "oracle" (the trace's own next selections at ``distance``), or a recorded
-    predictor source ``SRC`` (the trace's ``pred_SRC`` column), issued ``distance`` layers early.
-    ``trace`` is a Trace or a path. map_layers / map_experts: how a trace of another model maps onto
-    the store (``layer_plan``, ``expert_map``); without them a mismatch is refused. Each token runs
+    ``arena``: ArenaConfig (default 0.25, lru); ``io``: IOConfig (default: no checksums, so reads
+    time as reads). ``ahead``: read-ahead from the trace: predictor "oracle" (the trace's own next
+    selections) or a recorded source ``SRC`` (the trace's ``pred_SRC`` column), issued
+    ``lookahead`` layers early; every recorded candidate is read (no ranking mode, gate or width:
+    those are ``simulate``'s). compute_ms: per-layer compute time in ms (default: the trace run's
+    compute_s spread evenly). map_layers / map_experts: how a trace of another model maps onto the
+    store (``layer_plan``, ``expert_map``); without them a mismatch is refused. Each token runs
     every store MoE layer. ``hooks``: a ``Hooks`` whose subscribers see the arena's points and, as in
     the engine, ``layer.{i}.experts.selected`` before each layer and ``token.end`` after each token
     (both also given ``arena=``).
     """
     from ..arena.policies.static import require_hotlist
-    from ..checks import io_workers as check_workers
     from ..checks import real, whole
     from ..trace.schema import Trace, read_trace
 
+    arena = as_arena(arena)
+    io = io or IOConfig(verify="never")
+    ahead = ahead or AheadConfig()
+    if (ahead.mode, ahead.gate, ahead.width, ahead.oracle_trace) != ("raw", "none", None, None):
+        raise ValueError("ioreplay reads every recorded candidate of --predictor at --lookahead: a ranking --mode, "
+                         "--gate, --ahead-width or --oracle-trace is not replayed here; use workbench simulate for those")
+    prefetch = ahead.predictor if ahead.reads_ahead else None
+    distance = ahead.distance
     real("--compute-ms", compute_ms, 0, none_ok=True)
-    whole("--lookahead", distance, 1)
     whole("--max-steps", max_steps, 1, none_ok=True)
-    check_workers("--io-workers", io_workers, io_reserved)
-    require_hotlist(policy, policy_options or {}, "--hotlist FILE")
+    require_hotlist(arena.policy, arena.options, "--hotlist FILE")
     trace = trace if isinstance(trace, Trace) else read_trace(trace)
     m = Manifest.load(store)
     dec = trace.decode().sort_values(["step", "layer"])
@@ -114,11 +122,11 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
         raise ValueError(f"trace {trace.path or ''} has no row for step {missing[0]} layer {missing[1]}; "
                          "every decode step needs one row per MoE layer: re-record it")
     k = max(len(v) for v in sel.values())
-    n_slots = arena_slots(arena, m.n_routed, m.expert_bytes, k)
+    n_slots = arena_slots(arena.size, m.n_routed, m.expert_bytes, k)
     counters, hooks = Counters(), hooks or Hooks()
-    reader = BlobReader(store, m, mode=io_mode, verify="never")
-    io = IOScheduler(reader, workers=io_workers, reserved=min(io_reserved, io_workers))
-    ar = Arena(m, n_slots, io, counters, hooks, policy, policy_options)
+    reader = BlobReader(store, m, mode=io.mode, verify=io.verify)
+    sched = IOScheduler(reader, workers=io.workers, reserved=io.reserved)
+    ar = Arena(m, n_slots, sched, counters, hooks, arena.policy, arena.options, arena.writes)
     order = [(s, i) for s in steps for i in range(len(plan))]  # (step, index into plan)
     times = []
     try:
@@ -149,13 +157,13 @@ def replay_io(trace, store, arena="0.25", policy="lru", compute_ms=None, prefetc
                 hooks.fire("token.end", None, step=s, counters=counters.rows, arena=ar)
         ar.finish_speculation()
     finally:
-        io.close()
+        sched.close()
         reader.close()
     stats = summarize(counters.totals("decode"))
     med = float(np.median(times)) if times else 0.0
     stats.update(tokens=len(times), median_token_ms=med * 1e3, compute_ms_per_token=compute_ms * len(plan),
                  bytes_per_token=stats["bytes_read"] / max(1, len(times)), arena_slots=n_slots,
-                 expert_bytes=m.expert_bytes, policy=policy, prefetch_source=prefetch or "none", io_mode=io_mode,
+                 expert_bytes=m.expert_bytes, policy=arena.policy, prefetch_source=prefetch or "none", io_mode=io.mode,
                  wall_s=float(sum(times)), layers_per_token=len(plan), map_layers=map_layers or "none",
                  map_experts=map_experts or "none")
     return stats

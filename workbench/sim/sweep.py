@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..config import AheadConfig, ArenaConfig, IOConfig
+
 KINDS = ("simulate", "replay", "ioreplay")
 CONFIG = ("kind", "workload", "trace", "policy", "arena", "predictor", "distance", "gate")
 TIMING_KEYS = ("compute_s", "pre_moe_s", "read_latency_s", "bandwidth", "workers", "urgent_workers", "piece_bytes", "expert_bytes")
@@ -154,9 +156,7 @@ def run_cell(cell: dict) -> dict:
         from .vtime import Timing, simulate
 
         slots = _slots(cell["arena"], trace)
-        pred = None if cell["predictor"] == "none" else cell["predictor"]
-        res = simulate(trace, cell["policy"], slots, timing=Timing(**cell["timing"]), predictor=pred,
-                       distance=cell["distance"], gate=cell["gate"])
+        res = simulate(trace, ArenaConfig(slots, cell["policy"]), _ahead(cell), timing=Timing(**cell["timing"]))
         s = res.summary
         row.update(slots=slots, **{k: v for k, v in s.items() if not isinstance(v, dict) and k != "policy"})
         row.update({f"prefetch_{k}": v for k, v in s["prefetch"].items()})
@@ -164,16 +164,23 @@ def run_cell(cell: dict) -> dict:
     else:
         from .ioreplay import replay_io
 
-        pred = None if cell["predictor"] == "none" else cell["predictor"]
-        s = replay_io(trace, cell["store"], arena=cell["arena"], policy=cell["policy"], compute_ms=cell.get("compute_ms"),
-                      prefetch=pred, distance=cell["distance"] or 1, io_mode=cell["io_mode"], progress=False,
-                      map_layers=cell.get("map_layers"), map_experts=cell.get("map_experts"))
+        s = replay_io(trace, cell["store"], arena=ArenaConfig(cell["arena"], cell["policy"]),
+                      io=IOConfig(mode=cell["io_mode"], verify="never"), ahead=_ahead(cell),
+                      compute_ms=cell.get("compute_ms"), progress=False, map_layers=cell.get("map_layers"),
+                      map_experts=cell.get("map_experts"))
         row.update(slots=s["arena_slots"], **{k: v for k, v in s.items() if not isinstance(v, dict) and k not in row and k != "policy"})
         row.update({f"prefetch_{k}": v for k, v in s["prefetch"].items()})
     row["cell_s"] = time.perf_counter() - t0
     row["worker"] = _worker_name()
     row.pop("warning", None)
     return row
+
+
+def _ahead(cell: dict) -> AheadConfig:
+    """A cell's read-ahead (``distance`` None: the predictor's default)."""
+    if cell["predictor"] == "none":
+        return AheadConfig()
+    return AheadConfig(cell["predictor"], cell["distance"], gate=cell["gate"])
 
 
 def _worker_name() -> str:

@@ -33,9 +33,10 @@ import pandas as pd
 
 from ..arena.arena import OUTCOMES, Arena, ArenaError
 from ..arena.counters import Counters
+from ..config import AheadConfig, ArenaConfig, as_arena
 from ..hooks import Hooks
-from ..routing.gates import Gate, make_gate
-from ..routing.rank import ahead_candidates, ahead_mode
+from ..routing.gates import make_gate
+from ..routing.rank import ahead_candidates
 from .cache import NoVictimError
 from .replay import build_policy, check_replayable
 from .requests import load, parse_arena, requests_from_trace, select_rows
@@ -122,47 +123,51 @@ def _distance_for(src, distance, meta, n_layers):
     info = (meta.get("predictors") or {}).get(src) or {}
     if "distance" in info:
         return int(info["distance"])
-    raise ValueError(f"predictor {src!r}: cannot tell its distance; pass distance= (rows ahead, {n_layers} = one token)")
+    raise ValueError(f"predictor {src!r}: cannot tell its distance; give a lookahead (--lookahead N, AheadConfig(lookahead=N): "
+                     f"rows ahead, {n_layers} = one token)")
 
 
-def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, predictor=None, distance=None,
-             mode="raw", k=None, p=3, b=0.85, r1=0.0, gate="none", gate_options=None, max_ahead=None,
-             preload=True, moce_bonus=None, policy_options=None, progress=False) -> VTimeResult:
+def simulate(trace, arena: ArenaConfig | None = None, ahead: AheadConfig | None = None, timing: Timing | None = None,
+             max_ahead=None, moce_bonus=None, progress=False) -> VTimeResult:
     """Run the virtual-time model over the decode rows of ``trace``.
 
-    ``predictor``: None (no read-ahead), ``"oracle"`` (the trace's own selection of the
-    target row, ranked by its recorded logits when present) or a source name ``src`` for a
-    ``pred_<src>`` column (ids, best first; ranked by position). ``distance``: rows ahead
-    the prediction is available (default: ``d<N>`` in the source name, 1 for the oracle,
-    one token for ``prev``). ``mode``/``p``/``b``/``r1``: ``ahead_candidates`` ranking;
-    ``k``: candidates per row (default top_k); ``gate``: a name or a Gate; ``max_ahead``:
-    cap on reads issued per target row.
+    ``arena``: ArenaConfig (or only its size; default 0.25, lru); its policy may also be a Policy
+    class or instance, and ``preload=False`` skips loading the policy's hotlist. ``ahead``:
+    predictor "none" (no read-ahead), "oracle" (the trace's own selection of the target row,
+    ranked by its recorded logits when present) or a source name ``src`` for a ``pred_<src>``
+    column (ids, best first; ranked by position); ``lookahead``: rows ahead the prediction is
+    available (default: ``d<N>`` in the source name, 1 for the oracle, one token for ``prev``);
+    ``mode`` / ``moce_*``: ``ahead_candidates`` ranking; ``width``: candidates per row (default
+    top_k); ``gate`` with ``gate_options``. ``max_ahead``: cap on reads issued per target row.
+    ``moce_bonus`` > 0 says the routing itself is cache-aware, which fixed routes cannot replay.
     """
     from ..arena.policies.static import require_hotlist
 
+    arena, ahead = as_arena(arena), ahead or AheadConfig()
+    policy, predictor, mode = arena.policy, (ahead.predictor if ahead.reads_ahead else None), ahead.mode
+    p, b, r1 = ahead.moce_protect, ahead.moce_bonus, ahead.moce_r1
     if isinstance(policy, str):
-        require_hotlist(policy, policy_options or {})
+        require_hotlist(policy, arena.options)
     tr = load(trace)
     warning = check_replayable(tr.meta, moce_bonus)
     timing = timing or Timing()
     timing.check()
-    mode = ahead_mode(mode)
     rows = select_rows(tr, "decode").reset_index(drop=True)
     if not len(rows):
         raise ValueError("the trace has no decode rows to simulate")
     req = requests_from_trace(tr, phase="decode")
     E = req.n_experts
     expert_bytes = int(timing.expert_bytes or tr.meta.get("expert_bytes") or 0)
-    capacity = parse_arena(arena, req.n_routed, expert_bytes or None)
+    capacity = parse_arena(arena.size, req.n_routed, expert_bytes or None)
     if expert_bytes <= 0:
         raise ValueError("expert size unknown: the trace has no expert_bytes; pass Timing(expert_bytes=...)")
-    popts = dict(policy_options or {})
+    popts = arena.options
     if isinstance(policy, (str, type)):
         popts.setdefault("n_keys", req.n_keys)
         popts.setdefault("n_experts", E)
     pol = build_policy(policy, capacity, **popts)
-    gate = gate if isinstance(gate, Gate) else make_gate(gate, **(gate_options or {}))
-    k = int(k or tr.top_k)
+    gate = make_gate(ahead.gate, **(ahead.gate_options or {}))
+    k = int(ahead.width or tr.top_k)
     n_layers = len(tr.moe_layers) or 1
 
     layers = rows["layer"].to_numpy(dtype=np.int64)
@@ -184,7 +189,7 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
             if col not in rows.columns:
                 have = [c[5:] for c in rows.columns if c.startswith("pred_")] + ["oracle"]
                 raise ValueError(f"trace has no predictor column {col!r}; available predictors: {', '.join(have)}")
-        dist = _distance_for(predictor, distance, tr.meta, n_layers)
+        dist = _distance_for(predictor, ahead.lookahead, tr.meta, n_layers)
         if dist < 1:
             raise ValueError(f"prediction distance must be >= 1 row, got {dist}")
         lists = rows[col].tolist()
@@ -206,7 +211,7 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
     ar = Arena(TraceManifest(E, moe_layers, expert_bytes), capacity, io, counters, Hooks(), pol, writes="none")
     top_k = int(tr.top_k)
     warm = [int(key) for key in pol.warm_keys()]
-    if preload and warm:  # before the clock starts, counted apart
+    if arena.preload is not False and warm:  # before the clock starts, counted apart
         ar.step = -1
         counters.phase[-1] = "preload"
         ar.preload(warm)
@@ -314,6 +319,6 @@ def simulate(trace, policy="lru", arena="0.25", timing: Timing | None = None, pr
     ltab = pd.DataFrame([dict(layer=L, lookups=v[0], hits=int(per_layer.loc[L, "hits"]),
                               sync_misses=int(per_layer.loc[L, "sync_misses"]), stall_s=v[1])
                          for L, v in sorted(layer_stats.items())])
-    config = dict(policy=pol.name, arena=str(arena), predictor=predictor, distance=dist, mode=mode, k=k, p=p, b=b, r1=r1,
+    config = dict(policy=pol.name, arena=str(arena.size), predictor=predictor, distance=dist, mode=mode, k=k, p=p, b=b, r1=r1,
                   gate=gate.name, timing=timing.__dict__.copy())
     return VTimeResult(summary=summary, tokens=tokens, layers=ltab, config=config, counters=frame)

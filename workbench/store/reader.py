@@ -14,13 +14,11 @@ import sys
 import threading
 import zlib
 
+import numpy as np
+
+from ..config import READ_MODES, VERIFY_MODES
 from .manifest import EXPERTS, Blob, StoreError
 
-READ_MODES = ("buffered", "dontneed", "direct", "nocache")
-# always: every read is checksummed. changed: a blob is checksummed on its first read and again
-# whenever experts.bin's size or mtime differs from when it was last checked (one fstat per read).
-# first: only the first read of each blob. never: no checksums.
-VERIFY_MODES = ("always", "changed", "first", "never")
 PIECE_BYTES = 1 << 20
 
 
@@ -173,6 +171,7 @@ class PageCacheProbe:
         if addr not in (None, ctypes.c_void_p(-1).value):
             self.addr, self.size, self.libc = addr, size, libc
             self.vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
+            self.bits = np.ctypeslib.as_array(self.vec)
 
     def cached(self, offset: int, length: int) -> bool | None:
         if self.addr is None or offset < 0 or length < 1 or offset + length > self.size:
@@ -182,7 +181,7 @@ class PageCacheProbe:
         n = -(-(offset + length - start) // page)
         if self.libc.mincore(self.addr + start, n * page, self.vec) != 0:
             return None
-        return all(b & 1 for b in self.vec[:n])
+        return bool((self.bits[:n] & 1).all())
 
     def close(self):
         if self.addr is not None:

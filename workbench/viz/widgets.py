@@ -474,9 +474,10 @@ class Run:
         return self.result.stats
 
 
-def record(model=None, prompt=None, max_tokens: int = 32, arena="1.0", policy: str = "lru",
-           moe_input: bool = False, io_events: bool = False, progress: bool | None = None, **engine_kw) -> Run:
-    """Generate once with a trace recorder (cached per kernel for the same arguments).
+def record(model=None, prompt=None, max_tokens: int = 32, arena="1.0", moe_input: bool = False,
+           io_events: bool = False, progress: bool | None = None, **engine_kw) -> Run:
+    """Generate once with a trace recorder (cached per kernel for the same arguments). ``arena``
+    and ``engine_kw`` (``io=``, ``ahead=``, ``decode=``...) are the Engine's (workbench.config).
 
     ``progress`` (default: on in live notebooks, off in static report runs) shows tqdm bars.
     """
@@ -490,11 +491,11 @@ def record(model=None, prompt=None, max_tokens: int = 32, arena="1.0", policy: s
     from workbench.trace.schema import read_trace
 
     mp = model_path(model)
-    key = (str(mp), repr(prompt), max_tokens, str(arena), policy, moe_input, io_events, repr(sorted(engine_kw.items())))
+    key = (str(mp), repr(prompt), max_tokens, repr(arena), moe_input, io_events, repr(sorted(engine_kw.items())))
     if key in _RUNS:
         return _RUNS[key]
     path = Path(tempfile.mkdtemp(prefix="wb-trace-")) / "run.parquet"
-    with Engine.open(mp, arena=arena, policy=policy, progress=progress, **engine_kw) as eng:
+    with Engine.open(mp, arena=arena, progress=progress, **engine_kw) as eng:
         ids = prompt if prompt is not None else default_prompt(eng)
         res = eng.generate(ids, max_tokens=max_tokens, trace=TraceRecorder(path, moe_input=moe_input,
                                                                           io_events=io_events))

@@ -1,0 +1,136 @@
+"""Staging rows for staged slot writes: reads land in host-written rows of MLX arrays, and a
+flush copies them into their slots on the device (a gather from the rows, then a scatter).
+
+A row is reusable once the gather that read it has run: ``gather`` records its lazy output, and
+``take`` evaluates pending gathers only when no row is free (in steady state they ran long ago).
+
+On CUDA, MLX memory is managed memory, whose pages migrate to whichever side touched them last:
+a host write after a device read faults every page back. The rows are advised to live on the
+host and to be mapped for the GPU (``cudaMemAdvise``), so host writes never fault and the device
+reads them over the interconnect. Where that advice is unavailable the rows work unadvised.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+import mlx.core as mx
+import numpy as np
+
+
+class Row:
+    __slots__ = ("chunk", "index", "views")
+
+    def __init__(self, chunk, index, views):
+        self.chunk, self.index, self.views = chunk, index, views
+
+
+class Staging:
+    def __init__(self, sizes, rows_per_chunk=32):
+        self.sizes = list(sizes)  # bytes of each tensor's piece, in row order
+        self.row_bytes = sum(self.sizes)
+        self.rows_per_chunk = rows_per_chunk
+        self.chunks: list[mx.array] = []
+        self.free: list[Row] = []
+        self.pending: list[tuple[mx.array, list[Row]]] = []  # (lazy gather, the rows it reads)
+        self.advised = None  # True / False once the first chunk exists (CUDA only; None elsewhere)
+
+    def take(self) -> Row:
+        if not self.free and self.pending:
+            mx.eval([g for g, _ in self.pending])
+            for _, rows in self.pending:
+                self.free.extend(rows)
+            self.pending.clear()
+        if not self.free:
+            self._grow()
+        return self.free.pop()
+
+    def give(self, row: Row) -> None:
+        """A row that will never be copied in is free at once."""
+        self.free.append(row)
+
+    def gather(self, rows) -> mx.array:
+        """The rows' bytes as one lazy device array [len(rows), row_bytes]."""
+        parts, i = [], 0
+        while i < len(rows):  # consecutive rows of one chunk in one gather
+            j = i
+            while j < len(rows) and rows[j].chunk is rows[i].chunk:
+                j += 1
+            parts.append(rows[i].chunk[mx.array([r.index for r in rows[i:j]], dtype=mx.uint32)])
+            i = j
+        out = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+        self.pending.append((out, list(rows)))
+        return out
+
+    def _grow(self):
+        chunk = mx.zeros((self.rows_per_chunk, self.row_bytes), dtype=mx.uint8)
+        mx.eval(chunk)
+        raw = memoryview(chunk).cast("B")
+        if _cuda():
+            ok = _advise_host(np.frombuffer(raw, dtype=np.uint8).ctypes.data, self.rows_per_chunk * self.row_bytes)
+            self.advised = ok if self.advised is None else (self.advised and ok)
+        self.chunks.append(chunk)
+        for r in range(self.rows_per_chunk):
+            base, views = r * self.row_bytes, []
+            for n in self.sizes:
+                views.append(raw[base:base + n])
+                base += n
+            self.free.append(Row(chunk, r, views))
+        self.rows_per_chunk *= 2  # few chunks: a flush gathers from few arrays
+
+
+def _cuda() -> bool:
+    cuda = getattr(mx, "cuda", None)
+    return bool(cuda is not None and cuda.is_available() and mx.default_device() != mx.cpu)
+
+
+class _Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+_SET_PREFERRED_LOCATION, _SET_ACCESSED_BY = 3, 5
+_HOST, _DEVICE = 2, 1  # cudaMemLocationType
+_CPU_DEVICE_ID = -1
+
+
+def _advise_host(ptr: int, size: int) -> bool:
+    """Prefer host residency for [ptr, ptr + size) and map it for GPU 0; False where unavailable."""
+    lib = _cudart()
+    if lib is None:
+        return False
+    p, n = ctypes.c_void_p(ptr), ctypes.c_size_t(size)
+    v2 = getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 12.2+: location structs
+    if v2 is not None:
+        return (v2(p, n, _SET_PREFERRED_LOCATION, _Location(_HOST, 0)) == 0
+                and v2(p, n, _SET_ACCESSED_BY, _Location(_DEVICE, 0)) == 0)
+    version = ctypes.c_int()
+    if lib.cudaRuntimeGetVersion(ctypes.byref(version)) != 0:
+        return False
+    if version.value >= 13000:  # CUDA 13: cudaMemAdvise takes a location struct
+        f = lib.cudaMemAdvise
+        return (f(p, n, _SET_PREFERRED_LOCATION, _Location(_HOST, 0)) == 0
+                and f(p, n, _SET_ACCESSED_BY, _Location(_DEVICE, 0)) == 0)
+    f = lib.cudaMemAdvise
+    return f(p, n, _SET_PREFERRED_LOCATION, ctypes.c_int(_CPU_DEVICE_ID)) == 0 and f(p, n, _SET_ACCESSED_BY, ctypes.c_int(0)) == 0
+
+
+_CUDART = []
+
+
+def _cudart():
+    """The CUDA runtime MLX loaded (same soname, so the same library and context), or None."""
+    if not _CUDART:
+        lib = None
+        names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+        here = os.path.dirname(mx.__file__)
+        names += sorted(glob.glob(os.path.join(here, "..", "nvidia", "cu*", "lib", "libcudart.so*")))
+        for name in names:
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        _CUDART.append(lib)
+    return _CUDART[0]
