@@ -38,13 +38,17 @@ from workbench.arena.policies import POLICIES, load_all
 from workbench.config import ArenaConfig
 from workbench.engine.engine import Engine
 from workbench.hooks import run_with_hooks
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import counter_charts
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel, stream
+from workbench.viz.session import default_prompt, model_path
 from workbench.viz.tables import summary_table
 
 wb.setup()
 load_all()
-model_dir = wb.model_path(model)
+model_dir = model_path(model)
 print(f"model: {model_dir}")
 
 # %% [markdown]
@@ -52,7 +56,7 @@ print(f"model: {model_dir}")
 
 # %%
 with Engine.open(model_dir, arena=ArenaConfig(arena, policy)) as eng:
-    ids = prompt if prompt is not None else wb.default_prompt(eng)
+    ids = prompt if prompt is not None else default_prompt(eng)
     res = eng.generate(ids, max_tokens=max_tokens)
     if res.text is not None:  # the model ships a tokenizer
         print(f"prompt (end): …{eng.tokenizer.decode(list(ids))[-160:]!r}\ncontinuation: {res.text[:300]!r}\n")
@@ -77,20 +81,20 @@ def run_engine(arena_fraction, policy, max_tokens):
         sub = f"arena {arena_fraction:.0%} = {eng.n_slots} of {eng.m.n_routed} experts, policy {policy}"
 
         def live(token, **ctx):  # redraw every ~0.3 s while decoding
-            wb.stream(wb.token_counters_chart(eng.counters.frame(), subtitle=sub + " (decoding…)"))
+            stream(counter_charts.token_counters_chart(eng.counters.frame(), subtitle=sub + " (decoding…)"))
 
         r = run_with_hooks(eng, ids, [("token.end", live)], max_tokens=max_tokens, progress=False)
     s = r.stats
     summary = f"**{s['tokens']} tokens** ({s['distinct_tokens']} distinct) · hit rate **{s['hit_rate']:.1%}** · " \
               f"{s['bytes_per_token'] / 1e6:.3f} MB read per token · {s['tokens_per_s']:.1f} tokens/s"
-    return {"token_counters": wb.token_counters_chart(r.counters, subtitle=sub + f", hit rate {s['hit_rate']:.1%}"),
+    return {"token_counters": counter_charts.token_counters_chart(r.counters, subtitle=sub + f", hit rate {s['hit_rate']:.1%}"),
             "summary": summary}
 
 
-wb.panel(run_engine, {
-    "arena_fraction": wb.slider("arena (share of experts)", 0.05, 1.0, 0.05, value=float(arena), readout_format=".0%"),
-    "policy": wb.dropdown("policy", sorted(POLICIES), value=policy),
-    "max_tokens": wb.slider("tokens", 4, max(64, max_tokens), 4, value=max_tokens),
+panel(run_engine, {
+    "arena_fraction": ui.slider("arena (share of experts)", 0.05, 1.0, 0.05, value=float(arena), readout_format=".0%"),
+    "policy": ui.dropdown("policy", sorted(POLICIES), value=policy),
+    "max_tokens": ui.slider("tokens", 4, max(64, max_tokens), 4, value=max_tokens),
 }, name="token_counters", title="Engine run")
 
 

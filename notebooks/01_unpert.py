@@ -58,13 +58,17 @@ from workbench.analysis.compare import compare
 from workbench.config import AheadConfig, ArenaConfig
 from workbench.engine.engine import Engine
 from workbench.routing.rank import cache_aware_select, topk
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import counter_charts
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel
+from workbench.viz.session import default_prompt, model_path
 
 wb.setup()
-model_dir = wb.model_path(model)
+model_dir = model_path(model)
 with Engine.open(model_dir, arena="1.0", progress=False) as eng:
-    ids = prompt if prompt is not None else wb.default_prompt(eng, max_tokens=prompt_tokens)
+    ids = prompt if prompt is not None else default_prompt(eng, max_tokens=prompt_tokens)
     k = eng.top_k
 print(f"model: {model_dir} (top-{k})")
 
@@ -127,9 +131,11 @@ def run_compare(b, p, r1, arena, lookahead=lookahead, max_tokens=max_tokens):
 def render(b, p, r1, arena):
     df = run_compare(b, p, r1, arena)
     sub = f"arena {arena:.0%}, b={b:.2f}, p={int(p)}, r1={r1:.2f}, {max_tokens} tokens, lookahead {lookahead}"
-    counters = wb.compare_chart(df, "configuration", ["sync misses", "MB read / token", "hit rate (%)", "tokens / s"],
-                                "Sync misses, bytes and speed by configuration", sub, fmt=",.3f")
-    outcomes = wb.outcome_chart(df, "configuration", OUTCOMES, subtitle="every issued read-ahead ends in exactly one class")
+    counters = counter_charts.compare_chart(df, "configuration", ["sync misses", "MB read / token", "hit rate (%)", "tokens / s"],
+                                            "Sync misses, bytes and speed by configuration", sub, fmt=",.3f",
+                                            labels={"sync misses": "sync misses (count)", "MB read / token": "read (MB/token)",
+                                                    "tokens / s": "decode speed (tokens/s)"})
+    outcomes = counter_charts.outcome_chart(df, "configuration", OUTCOMES, subtitle="every issued read-ahead ends in exactly one class")
     quality = df[["configuration", "same tokens as UNPERT=1", "mean KL vs exact (nats)", "perplexity exact",
                   "perplexity approx", "residency hash"]]
     return [("unpert_counters", counters), ("prefetch_outcomes", outcomes),
@@ -138,11 +144,11 @@ def render(b, p, r1, arena):
                                   "Counters side by side (prefetch rows: read-ahead outcome counts)", index=True))]
 
 
-wb.panel(render, {
-    "b": wb.slider("bonus b", 0.0, 2.0, 0.05, value=float(b)),
-    "p": wb.slider("protected width p", 0, int(k), 1, value=int(min(p, k))),
-    "r1": wb.slider("rank-1 bonus r1", 0.0, 1.0, 0.05, value=float(r1)),
-    "arena": wb.slider("arena (share of experts)", 0.05, 1.0, 0.05, value=float(arena), readout_format=".0%"),
+panel(render, {
+    "b": ui.slider("bonus b", 0.0, 2.0, 0.05, value=float(b)),
+    "p": ui.slider("protected width p", 0, int(k), 1, value=int(min(p, k))),
+    "r1": ui.slider("rank-1 bonus r1", 0.0, 1.0, 0.05, value=float(r1)),
+    "arena": ui.slider("arena (share of experts)", 0.05, 1.0, 0.05, value=float(arena), readout_format=".0%"),
 }, name="unpert", title="UNPERT=1 vs UNPERT=0 vs route vs two-hit")
 
 # %% [markdown]

@@ -40,11 +40,14 @@ small = False       # CI preset (fewer tokens, one prompt per domain)
 from workbench.analysis._common import load_mlx_model
 from workbench.analysis.lookahead import lookahead_recovery, lookahead_summary, routers_from_model
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel
+from workbench.viz.session import record
 
 wb.setup()
-run = wb.record(model, prompt, max_tokens=max_tokens, moe_input=True)  # exact run, MoE inputs recorded
+run = record(model, prompt, max_tokens=max_tokens, moe_input=True)  # exact run, MoE inputs recorded
 routers = routers_from_model(load_mlx_model(run.model))
 k = run.trace.top_k
 print(f"model: {run.model}; trace: {len(run.trace.decode())} decode rows, top-{k}, "
@@ -124,8 +127,8 @@ def render(max_distance, k_pred, prev_token):
     return [("lookahead_recovery", charts.lookahead_chart(t)), note]
 
 
-wb.panel(render, {
-    "max_distance": wb.slider("max distance d", 1, max(4, max_distance), 1, value=max_distance),
-    "k_pred": wb.slider("candidates k′", k, 3 * k, 1, value=k + k // 2),
-    "prev_token": wb.checkbox("include previous token", True),
+panel(render, {
+    "max_distance": ui.slider("max distance d", 1, max(4, max_distance), 1, value=max_distance),
+    "k_pred": ui.slider("candidates k′", k, 3 * k, 1, value=k + k // 2),
+    "prev_token": ui.checkbox("include previous token", True),
 }, name="lookahead_recovery", title="Lookahead recovery")

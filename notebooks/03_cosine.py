@@ -36,11 +36,14 @@ small = False       # CI preset (fewer layers)
 from workbench.analysis._common import load_mlx_model
 from workbench.analysis.cosine import cosine_pairs, cosine_summary, energy_curve, expert_grams, experts_from_model
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel
+from workbench.viz.session import model_path
 
 wb.setup()
-model_dir = wb.model_path(model)
+model_dir = model_path(model)
 experts = experts_from_model(load_mlx_model(model_dir))
 if max_layers:
     experts = {layer: experts[layer] for layer in sorted(experts)[:max_layers]}
@@ -86,7 +89,7 @@ def render(share, center):
     return [("energy_curve", charts.energy_chart(e, share)), note]
 
 
-wb.panel(render, {
-    "share": wb.slider("energy share", 0.5, 0.99, 0.01, value=float(share), readout_format=".0%"),
-    "center": wb.checkbox("subtract the layer mean (centered)", False),
+panel(render, {
+    "share": ui.slider("energy share", 0.5, 0.99, 0.01, value=float(share), readout_format=".0%"),
+    "center": ui.checkbox("subtract the layer mean (centered)", False),
 }, name="energy_curve", title="Energy vs rank")

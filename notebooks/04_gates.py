@@ -40,11 +40,14 @@ small = False         # CI preset (fewer tokens, one prompt per domain)
 from workbench.analysis._common import load_mlx_model
 from workbench.analysis.gates import drop_weakest_error, gate_by_slot, gate_slot_mean, mlx_expert_outputs
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel
+from workbench.viz.session import record
 
 wb.setup()
-run = wb.record(model, prompt, max_tokens=max_tokens, moe_input=True)
+run = record(model, prompt, max_tokens=max_tokens, moe_input=True)
 expert_outputs = mlx_expert_outputs(load_mlx_model(run.model))
 print(f"model: {run.model}; top-{run.trace.top_k}; {len(run.trace.decode())} decode rows")
 
@@ -70,7 +73,7 @@ from workbench.analysis.workload import METHODS, notebook_workload, phase
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
 gs = pd.concat([gate_slots_ci(w.traces(), phase(m)).assign(method=m) for m in METHODS], ignore_index=True)
 gs["seed"] = gs["slot"].map(GATE_SLOT_IDS).map(lambda c: seed_of(c) if isinstance(c, str) else float("nan"))
-wb.show(charts.interval_chart(gs, "slot", "mean_weight", color="method", seed="seed",
+wb.show(charts.interval_chart(gs, "slot", "mean_weight", color="method", seed="seed", y_title="mean gate weight (share)",
                               title="Gate weight by slot over the workload"), "gate_slots_workload")
 
 # %%
@@ -106,8 +109,8 @@ def render(phase, normalize, max_rows):
     return [("gate_by_slot", charts.gate_slot_chart(t)), ("drop_weakest", charts.drop_weakest_chart(d)), note]
 
 
-wb.panel(render, {
-    "phase": wb.dropdown("phase", ["decode", "prefill"], value="decode"),
-    "normalize": wb.checkbox("normalize weights per token", True),
-    "max_rows": wb.slider("rows per layer", 16, max(512, max_rows), 16, value=max_rows),
+panel(render, {
+    "phase": ui.dropdown("phase", ["decode", "prefill"], value="decode"),
+    "normalize": ui.checkbox("normalize weights per token", True),
+    "max_rows": ui.slider("rows per layer", 16, max(512, max_rows), 16, value=max_rows),
 }, name="gates_live", title="Gate weights and drop-weakest error")

@@ -45,10 +45,13 @@ import numpy as np
 from workbench.analysis.union import (break_even, ceiling, fit_union_slope, parse_union_table, speedup_bound,
                                       speedup_grid, union_by_window, union_table)
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
+from workbench.viz.panel import panel
+from workbench.viz.session import record
 
 wb.setup()
-run = wb.record(model, prompt, max_tokens=max_tokens)
+run = record(model, prompt, max_tokens=max_tokens)
 measured = union_by_window(run.trace, range(1, min(g_max, max_tokens) + 1))
 k = int(measured.attrs["k"])
 slope = fit_union_slope(measured, k)
@@ -91,8 +94,20 @@ unions = {m: union_ci(w.traces(), phase=phase(m)) for m in METHODS}
 wb.show(charts.union_ci_chart(unions), "union_workload")
 
 # %%
-wb.table(pd.concat([mtp_ci(u).assign(method=m) for m, u in unions.items()], ignore_index=True),
-         "Speedup bound quantities from our union table (g in {1,2,3,8}), 95% interval over prompts")
+from workbench.viz.headline import headline
+
+mtp = pd.concat([mtp_ci(u).assign(method=m) for m, u in unions.items()], ignore_index=True)
+wb.table(mtp, "Speedup bound quantities from our union table (g in {1,2,3,8}), 95% interval over prompts")
+q = mtp[mtp["method"] == "decode"].set_index("quantity")
+s90, be = q.loc["speedup@0.9"], q.loc["break_even"]
+pays = be["value"] == be["value"]  # NaN: no window ever pays
+headline("Does speculative decoding pay when every verify pass streams the union of the drafted tokens' experts?",
+         f"at 90% acceptance the speedup bound is {s90['value']:.2f}x; "
+         + (f"drafting pays above a per-token acceptance of {be['value']:.0%}" if pays else "no window g pays at any acceptance"),
+         f"an upper bound for streaming-bound decode (time ∝ experts read) from union(g), g in {{{s90['g_values']}}}, "
+         "on this model's greedy decode routes; real drafters' acceptance is measured below",
+         uncertainty=f"95% interval over {int(s90['n_prompts'])} prompts: {s90['low']:.2f}-{s90['high']:.2f}x"
+                     + (f"; break-even {be['low']:.0%}-{be['high']:.0%}" if pays else ""))
 
 # %%
 from workbench.analysis._common import load_mlx_model
@@ -154,11 +169,11 @@ def render(union_text, union_k, mode):
     note = (f"k = {int(union_k)}, slope s = {fit_union_slope(u, int(union_k)):.3f}: ceiling **{c['speedup']:.3f}×** "
             f"(g={c['g']}); " + (f"drafting pays above **a = {be['acceptance']:.3f}** (g={be['g']})"
                                  if be["g"] else "no window g ≥ 2 ever pays"))
-    return [("speedup_typed", charts.speedup_chart(grid)), note, ("bound", wb.table(bound, "Best window per acceptance"))]
+    return [("speedup_typed", charts.speedup_chart(grid, "MTP speedup bound from the typed union table")), note, ("bound", wb.table(bound, "Best window per acceptance"))]
 
 
-wb.panel(render, {
-    "union_text": wb.text("union table", union_text, placeholder="1:8,2:13.42,3:17.99,8:35.01"),
-    "union_k": wb.slider("k", 1, 16, 1, value=int(union_k), expensive=False),
-    "mode": wb.dropdown("mode", ["table", "interp", "fit"], value="table"),
+panel(render, {
+    "union_text": ui.text("union table", union_text, placeholder="1:8,2:13.42,3:17.99,8:35.01"),
+    "union_k": ui.slider("k", 1, 16, 1, value=int(union_k), expensive=False),
+    "mode": ui.dropdown("mode", ["table", "interp", "fit"], value="table"),
 }, name="speedup_typed", title="Speedup bound from a typed union table")

@@ -49,11 +49,15 @@ from workbench.arena.policies import POLICIES as REGISTRY
 from workbench.arena.policies import load_all
 from workbench.sim.replay import replay_grid
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import counter_charts
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel
+from workbench.viz.session import record
 
 wb.setup()
-run = wb.record(model, prompt, max_tokens=max_tokens)
+run = record(model, prompt, max_tokens=max_tokens)
 trace = run.trace
 keys = np.concatenate([np.asarray(s, dtype=np.int64) + int(layer) * trace.n_experts
                        for layer, s in zip(trace.decode()["layer"], trace.decode()["selected"])])
@@ -126,10 +130,10 @@ from workbench.analysis.live import policy_runs, policy_table, seed_slru_saving,
 arenas_slru = [float(a) for a in slru_arenas.split(",") if a.strip()]
 pol = policy_table(policy_runs(w, ("lru", "slru"), arenas_slru[1:2] if small else arenas_slru,
                                max_tokens=4 if small else slru_tokens, progress=not wb.is_static()))
-wb.show(charts.policy_ci_chart(pol, "mb_read", "Decode bytes read, LRU vs SLRU-cold", "MB read"), "slru_bytes")
+wb.show(charts.policy_ci_chart(pol, "mb_read", "Decode bytes read, LRU vs SLRU-cold", "decode bytes read (MB)"), "slru_bytes")
 
 # %%
-wb.show(charts.policy_ci_chart(pol, "tokens_per_s", "Decode speed, LRU vs SLRU-cold", "tokens / s"), "slru_speed")
+wb.show(charts.policy_ci_chart(pol, "tokens_per_s", "Decode speed, LRU vs SLRU-cold", "decode speed (tokens/s)"), "slru_speed")
 
 # %%
 pol["value [95% interval]"] = with_interval_text(pol)
@@ -201,12 +205,13 @@ def render(arena_share, chosen):
     b = 1 - bounds.belady_misses(keys, cap) / len(keys)
     g = pd.concat([g, pd.DataFrame([{"policy": "belady", "hit_rate": b, "misses": int(round((1 - b) * len(keys)))}])])
     g["miss rate"] = 1 - g["hit_rate"]
-    return wb.compare_chart(g.rename(columns={"policy": "policy", "hit_rate": "hit rate"}), "policy",
-                            ["hit rate", "misses"], f"Policies at {arena_share:.0%} of experts ({cap} slots)",
-                            "decode requests; belady: offline optimum", fmt=",.3f")
+    return counter_charts.compare_chart(g.rename(columns={"policy": "policy", "hit_rate": "hit rate"}), "policy",
+                                        ["hit rate", "misses"], f"Policies at {arena_share:.0%} of experts ({cap} slots)",
+                                        "decode requests; belady: offline optimum", fmt=",.3f",
+                                        labels={"hit rate": "hit rate (share)", "misses": "misses (count)"})
 
 
-wb.panel(render, {
-    "arena_share": wb.slider("arena (share of experts)", 0.05, 1.0, 0.05, value=float(arena), readout_format=".0%"),
-    "chosen": wb.select_many("policies", POLICIES),
+panel(render, {
+    "arena_share": ui.slider("arena (share of experts)", 0.05, 1.0, 0.05, value=float(arena), readout_format=".0%"),
+    "chosen": ui.select_many("policies", POLICIES),
 }, name="policies_live", title="Policies side by side")

@@ -47,11 +47,15 @@ from workbench.store.cache import resolve_store
 from workbench.io.readpath import blobs_gbps, read_path_table, sequential_gbps
 from workbench.store.manifest import EXPERTS, Manifest
 from workbench.store.reader import available_modes
-from workbench.viz import widgets as wb
+from workbench.viz import charts
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel
+from workbench.viz.session import model_path
 
 wb.setup()
-store_dir = resolve_store(wb.model_path(store))
+store_dir = resolve_store(model_path(store))
 m = Manifest.load(store_dir)
 THREADS = [int(t) for t in str(threads).split(",") if t.strip()]
 MODES = [x for x in str(modes).split(",") if x.strip() in available_modes()]
@@ -76,8 +80,8 @@ headline("Is the store's read path at the device's sequential limit?",
          uncertainty=f"median of {1 if small else reps} repeats, range {best['gbps_min']:.2f}-{best['gbps_max']:.2f} GB/s")
 
 # %%
-wb.show(wb.readpath_chart(table, subtitle=f"{m.expert_bytes / 1e6:.3f} MB blobs; "
-                                          "grey: one sequential read of the same file, same mode"), "read_path")
+wb.show(charts.readpath_chart(table, subtitle=f"{m.expert_bytes / 1e6:.3f} MB blobs; "
+                                              "grey: one sequential read of the same file, same mode"), "read_path")
 
 # %% [markdown]
 # ## Live: one mode, one thread count
@@ -95,12 +99,12 @@ def render(mode, n_threads, cold):
     df["share_of_sequential"] = df["gbps"] / seq
     best = df[df.method != "sequential"]["share_of_sequential"].max()
     sub = f"{m.expert_bytes / 1e6:.3f} MB blobs, {len(m.blobs)} of them; grey: one sequential read of the same file"
-    return [("read_path_live", wb.readpath_chart(df, title=f"Read path, live: {mode}, {n_threads} threads", subtitle=sub)),
+    return [("read_path_live", charts.readpath_chart(df, title=f"Read path, live: {mode}, {n_threads} threads", subtitle=sub)),
             f"Best store read: **{best:.0%}** of the sequential read ({seq:.2f} GB/s) in mode `{mode}`."]
 
 
-wb.panel(render, {
-    "mode": wb.dropdown("read mode", MODES, value=MODES[0]),
-    "n_threads": wb.slider("I/O threads", 1, 16, 1, value=max(THREADS)),
-    "cold": wb.checkbox("cold (drop the page cache first)", True),
+panel(render, {
+    "mode": ui.dropdown("read mode", MODES, value=MODES[0]),
+    "n_threads": ui.slider("I/O threads", 1, 16, 1, value=max(THREADS)),
+    "cold": ui.checkbox("cold (drop the page cache first)", True),
 }, name="read_path_live", title="Read path")

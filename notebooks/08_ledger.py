@@ -43,8 +43,10 @@ small = False       # CI preset (one prompt per domain, no live rows, two cosine
 from workbench.analysis.ledger import workload_ledger
 from workbench.analysis.workload import notebook_workload
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.panel import panel
 
 wb.setup()
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
@@ -90,7 +92,7 @@ def render(area, verdict):
     return out
 
 
-wb.panel(render, {
-    "area": wb.dropdown("area", ["all"] + sorted(ledger["area"].unique())),
-    "verdict": wb.dropdown("verdict", ["all", "reproduced", "differs", "not measured"]),
+panel(render, {
+    "area": ui.dropdown("area", ["all"] + sorted(ledger["area"].unique())),
+    "verdict": ui.dropdown("verdict", ["all", "reproduced", "differs", "not measured"]),
 }, name="ledger_live", title="Ledger", static=False)

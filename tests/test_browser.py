@@ -1,4 +1,5 @@
-"""End-to-end: JupyterLab on loopback, notebook 01 in headless Chromium, move a slider, chart changes.
+"""End-to-end: JupyterLab on loopback, notebook 01 in headless Chromium: three quick slider steps, and
+the chart changes to the last value's.
 
 Needs Debian's ``chromium`` (/usr/bin/chromium, or $WORKBENCH_CHROMIUM) and the ``playwright``
 Python package (no ``playwright install``: we drive the system browser through
@@ -203,18 +204,23 @@ def test_notebook01_slider_changes_chart(jupyterlab, tmp_path):
             status_before = page.locator(".workbench-panel").first.inner_text()
             handle = slider.locator(".noUi-handle").first
             handle.focus()
-            handle.press("ArrowRight")  # one step; the panel re-runs the measurement on release
+            for _ in range(3):  # three quick steps: the panel runs once, at the last value
+                handle.press("ArrowRight")
+            value_after = readout.inner_text()
+            shown = float(value_after.rstrip("%")) / (100 if value_after.endswith("%") else 1)
+            want = f"{SLIDER_LABEL}={shown:.3g}"  # the status names the values it drew (key = label's first word)
             t0 = time.time()
             after = before
             limit = int(os.environ.get("WORKBENCH_BROWSER_TIMEOUT", 180))
             while time.time() - t0 < limit:
                 after = _chart_html(page)
-                settled = (page.evaluate(KERNEL_READY)
-                           and "updated in" in page.locator(".workbench-panel").first.inner_text())
+                status = page.locator(".workbench-panel").first.inner_text()
+                settled = page.evaluate(KERNEL_READY) and "updated in" in status and want in status
                 if after and after != before and settled:
                     break
                 page.wait_for_timeout(250)
-            value_after = readout.inner_text()
+            assert want in page.locator(".workbench-panel").first.inner_text(), \
+                f"the panel does not show the last value ({want}): {page.locator('.workbench-panel').first.inner_text()[:300]}"
             page.screenshot(path=str(shots / "01_after.png"), full_page=False)
             panel_sh.screenshot(path=str(shots / "01_panel_after.png"))
             assert value_after != value_before, f"slider did not move (readout {value_before!r})"

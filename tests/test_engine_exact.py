@@ -134,3 +134,41 @@ def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
                 assert reads > 2 * rows, (reads, rows)  # rows were reused
                 assert rows < eng.n_slots + 64
     assert outs["direct"] == outs["staged"]
+
+
+def test_controller_probes_less_often_while_probes_lose():
+    """Per-layer decode probes optimistic decode; a probe that recomputed more than per-layer decode
+    would have cost doubles the interval, a probe that paid resets it (misses only, never timings)."""
+    from workbench.engine.optimistic import Controller
+
+    c = Controller("auto", n_layers=12, sync=1.0, probe=4, expect_misses=True, max_probe=16)
+    picks = []
+    for _ in range(60):
+        opt = c.optimistic()
+        picks.append(opt)
+        c.observe(12 if opt else 12, probe=c.probed if opt else False)  # every layer misses
+    probes = [i for i, p in enumerate(picks) if p]
+    assert [b - a for a, b in zip(probes, probes[1:])][:3] == [8, 16, 16]
+    c.observe(0, probe=True)  # a probe that needed no recompute
+    assert c.interval == 4
+
+
+@pytest.mark.parametrize("decode", ["optimistic", "layer"])
+def test_non_finite_logits_stop_the_run_naming_the_layer(tiny, decode):
+    """A NaN that enters at one MoE layer (a forward hook writes it, as a broken kernel would) stops
+    the run with an error naming that layer, instead of emitting token 0; the engine stays usable."""
+    import mlx.core as mx
+
+    from workbench.engine.engine import EngineError
+
+    model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    ref, _ = resident_greedy(model_dir, PROMPT, 4)
+
+    def poison(x, step=0, **ctx):
+        return x * mx.array(float("nan")) if step == 2 else None
+
+    with Engine(store, arena="1.0", decode=decode, progress=False) as eng:
+        with eng.hooks.using([("layer.2.moe.input", poison)]):
+            with pytest.raises(EngineError, match="decode step 2: first seen in layer 2's MoE input"):
+                eng.generate(PROMPT, max_tokens=4)
+        assert eng.generate(PROMPT, max_tokens=4).tokens == ref

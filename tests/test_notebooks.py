@@ -7,6 +7,7 @@ The run is one report build (notebooks two at a time); its timings are printed.
 from __future__ import annotations
 
 import ast
+import html
 import json
 import time
 
@@ -14,7 +15,8 @@ import nbformat
 import pytest
 
 from workbench import report
-from workbench.viz import widgets as wb
+from workbench.viz.render import spec_rows
+from workbench.viz.units import axes_without_unit
 
 NB_DIR = report.NOTEBOOK_DIR
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -69,19 +71,32 @@ def test_small_report_runs_every_notebook(small_report):
 def test_notebook_charts_have_data(small_report, name):
     out, rep = small_report
     res = next(r for r in rep.notebooks if r.name == name)
-    assert res.charts, f"{name} registered no chart (use workbench.viz.widgets.show or a panel)"
+    assert res.charts, f"{name} registered no chart (use workbench.viz.display.show or a panel)"
     nb = nbformat.read(out / res.notebook, as_version=4)
     specs = report.extract_charts(nb)
     assert [c["name"] for c in specs] == [c["name"] for c in res.charts]
     for c, spec in zip(res.charts, specs):
-        assert c["rows"] > 0 and wb.spec_rows(spec["spec"]) == c["rows"], f"{name}/{c['name']} has no data"
+        assert c["rows"] > 0 and spec_rows(spec["spec"]) == c["rows"], f"{name}/{c['name']} has no data"
         assert spec["title"], f"{name}/{c['name']} has no title"
+        assert axes_without_unit(spec["spec"]) == [], f"{name}/{c['name']}: axes without a unit"
         assert (out / c["png"]).read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / c["svg"]).read_text()[:500]
         json.loads((out / c["spec"]).read_text())
+    titles = [c["title"] for c in res.charts]
+    assert len(set(titles)) == len(titles), f"{name} repeats a chart title: {titles}"
     page = (out / res.page).read_text()
     assert report.find_remote_refs(page) == []
     assert "Traceback" not in page and "Error loading script" not in page
+
+
+def test_index_shows_every_headline(small_report):
+    out, rep = small_report
+    index = (out / "index.html").read_text()
+    assert "no headline recorded" not in index
+    for r in rep.notebooks:
+        h = r.headline
+        assert h.get("value") and h.get("uncertainty") and h.get("caveat"), f"{r.name} records no full headline: {h}"
+        assert html.escape(h["question"]) in index
 
 
 def test_index_links_everything(small_report):

@@ -4,7 +4,8 @@ import altair as alt
 import pandas as pd
 
 from workbench.viz import charts
-from workbench.viz import widgets as wb
+from workbench.viz.counter_charts import compare_chart
+from workbench.viz.render import chart_spec, spec_to_svg
 from workbench.viz.palette import NAMED, color_of, color_scale, natural_sorted
 
 
@@ -39,9 +40,9 @@ def test_colour_follows_the_name_not_the_position():
 def test_same_policy_same_colour_in_two_charts():
     curves = pd.DataFrame({"policy": ["lru", "lru", "twohit", "twohit", "belady", "belady"],
                            "capacity": [1, 2] * 3, "hit_rate": [0.1, 0.2, 0.15, 0.25, 0.3, 0.4]})
-    a = colours(wb.chart_spec(charts.hit_curve_chart(curves, x="capacity", y="hit_rate", color="policy")), "policy")
+    a = colours(chart_spec(charts.hit_curve_chart(curves, x="capacity", y="hit_rate", color="policy")), "policy")
     bars = pd.DataFrame({"policy": ["twohit", "lru"], "hit rate": [0.2, 0.3]})
-    b = colours(wb.chart_spec(wb.compare_chart(bars, "policy", ["hit rate"], "t")), "policy")
+    b = colours(chart_spec(compare_chart(bars, "policy", ["hit rate"], "t")), "policy")
     assert a["lru"] == b["lru"] and a["twohit"] == b["twohit"] and a["lru"] != a["twohit"]
 
 
@@ -49,7 +50,7 @@ def test_numeric_legends_sort_as_numbers():
     assert natural_sorted(["0", "1", "10", "11", "2"]) == ["0", "1", "2", "10", "11"]
     assert natural_sorted(["d=10", "d=2", "prev"]) == ["d=2", "d=10", "prev"]
     t = pd.DataFrame({"layer": list(range(12)) * 2, "slots": [1] * 12 + [2] * 12, "hit_rate": [0.5] * 24})
-    spec = wb.chart_spec(charts.hit_curve_chart(t.astype({"layer": str}), x="slots", y="hit_rate", color="layer"))
+    spec = chart_spec(charts.hit_curve_chart(t.astype({"layer": str}), x="slots", y="hit_rate", color="layer"))
     assert list(colours(spec, "layer")) == [str(i) for i in range(12)]
 
 
@@ -58,9 +59,9 @@ def test_labels_are_not_truncated():
     df = pd.DataFrame({"configuration": ["a configuration with a long name", "b"], "outcome": [long, "x"], "n": [1, 2]})
     chart = alt.Chart(df).mark_bar().encode(y=alt.Y("configuration:N", title="configuration of the arena lookups"),
                                             x="n:Q", color=alt.Color("outcome:N", title="a legend title that is long"))
-    spec = wb.chart_spec(chart)
+    spec = chart_spec(chart)
     assert spec["config"]["legend"]["labelLimit"] == 0 and spec["config"]["axis"]["labelLimit"] == 0
-    svg = wb.spec_to_svg(spec)
+    svg = spec_to_svg(spec)
     for text in (long, "a configuration with a long name", "configuration of the arena lookups",
                  "a legend title that is long"):
         assert text in svg
@@ -71,5 +72,19 @@ def test_read_path_facets_wrap():
     table = pd.DataFrame({"method": ["sequential", "store blobs (preadv into slots)"] * 4, "threads": [1] * 8,
                           "mode": ["buffered", "buffered", "direct", "direct"] * 2, "cold": [True] * 4 + [False] * 4,
                           "gbps": [1.0] * 8, "share_of_sequential": [1.0] * 8})
-    spec = wb.chart_spec(wb.readpath_chart(table))
+    spec = chart_spec(charts.readpath_chart(table))
     assert spec["columns"] == 2 and "facet" in spec
+
+
+def test_svg_text_names_the_font_it_was_measured_with():
+    """A browser draws the SVG's text in the font the SVG names; "sans-serif" alone may resolve
+    wider there than in vl-convert, which sized the chart, and clip the longest labels."""
+    import re
+
+    from workbench.viz.palette import CONFIG
+
+    df = pd.DataFrame({"configuration": ["a", "b"], "useful_timely": [3, 4], "cancelled_before_read": [1, 2]})
+    from workbench.viz.counter_charts import outcome_chart
+
+    svg = spec_to_svg(chart_spec(outcome_chart(df, "configuration", ["useful_timely", "cancelled_before_read"])))
+    assert set(re.findall(r'font-family="([^"]*)"', svg)) == {CONFIG["font"]}

@@ -1,4 +1,4 @@
-"""workbench.report and workbench.viz.widgets: parameters, HTML export, figures, panels, CLI."""
+"""workbench.report and workbench.viz (display, panels): parameters, HTML export, figures, panels, CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import nbformat
 import pytest
 
 from workbench import report
-from workbench.viz import widgets as wb
+from workbench.viz import controls as ui
+from workbench.viz import display as wb
+from workbench.viz.panel import panel
+from workbench.viz.render import chart_spec, spec_rows
 
 
 # --------------------------------------------------------------------------- parameters
@@ -59,13 +62,14 @@ def _nb(path: Path, params_src: str, body: str) -> Path:
 
 CHART_BODY = textwrap.dedent("""
     import altair as alt, pandas as pd
-    from workbench.viz import widgets as wb
+    from workbench.viz import controls as ui, display as wb
+    from workbench.viz.panel import panel
     wb.setup()
     df = pd.DataFrame({"x": list(range(n)), "y": [i * i for i in range(n)]})
     wb.show(alt.Chart(df, title="squares").mark_line().encode(x=alt.X("x:Q", title="x (count)"),
             y=alt.Y("y:Q", title="y (count²)")), "squares")
-    display(wb.panel(lambda n: alt.Chart(df.head(n), title=f"first {n}").mark_bar().encode(x="x:O", y="y:Q"),
-             {"n": wb.slider("rows", 1, 10, value=n)}, name="bars"))
+    display(panel(lambda n: alt.Chart(df.head(n), title=f"first {n}").mark_bar().encode(x="x:O", y="y:Q"),
+             {"n": ui.slider("rows", 1, 10, value=n)}, name="bars"))
     if fail:
         raise RuntimeError("asked to fail")
 """)
@@ -132,7 +136,7 @@ def test_notebook_html_is_static_and_offline():
     assert 'alt="c"' in html and "data:image/svg+xml;base64," in html and "wb-banner" in html
     assert "abc" not in html and "HBox()" not in html  # widget views dropped, no widget manager
     charts = report.extract_charts(nb)
-    assert [c["name"] for c in charts] == ["c"] and wb.spec_rows(charts[0]["spec"]) == 2
+    assert [c["name"] for c in charts] == ["c"] and spec_rows(charts[0]["spec"]) == 2
 
 
 def test_chart_bundle_checks_name_and_rows():
@@ -144,7 +148,7 @@ def test_chart_bundle_checks_name_and_rows():
     big = alt.Chart(pd.DataFrame({"a": range(6000)})).mark_point().encode(x="a:Q")
     with pytest.warns(UserWarning, match="sampling"):  # render.py's transformer caps rows instead of failing
         b = wb.chart_bundle(big, "big")
-    assert wb.spec_rows(b[wb.CHART_MIME]["spec"]) == 5000
+    assert spec_rows(b[wb.CHART_MIME]["spec"]) == 5000
 
 
 def test_extract_charts_makes_names_unique():
@@ -168,13 +172,13 @@ def test_panel_rerenders_on_control_change(monkeypatch):
         seen.append((n, kind))
         return alt.Chart(pd.DataFrame({"x": range(n)})).mark_bar().encode(x="x:O")
 
-    p = wb.panel(render, {"n": wb.slider("n", 1, 9, value=3), "kind": wb.dropdown("kind", ["a", "b"])})
+    p = panel(render, {"n": ui.slider("n", 1, 9, value=3), "kind": ui.dropdown("kind", ["a", "b"])})
     p.update()
     p.controls["n"].value = 5
     p.controls["kind"].value = "b"
     assert seen == [(3, "a"), (5, "a"), (5, "b")] and p.renders == 3
     assert p.controls["n"].continuous_update is False  # expensive sliders update on release
-    assert wb.spec_rows(wb.chart_spec(p.last)) == 5  # (the Output widget only captures inside a kernel)
+    assert spec_rows(chart_spec(p.last)) == 5  # (the Output widget only captures inside a kernel)
     assert "n=5, kind=b" in p._status.value
 
 
@@ -184,7 +188,7 @@ def test_panel_shows_errors_instead_of_dying(monkeypatch):
     def render(n):
         raise ValueError(f"bad n {n}")
 
-    p = wb.panel(render, {"n": wb.slider("n", 1, 9, value=2)})
+    p = panel(render, {"n": ui.slider("n", 1, 9, value=2)})
     p.update()
     assert p.last_error == "ValueError: bad n 2" and "bad n 2" in p._status.value
 

@@ -241,7 +241,7 @@ def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
 def test_sweep_heatmap_slices(traces, tmp_path, cluster):
     from workbench.sim.sweep import Grid, load_sweep, sweep
     from workbench.viz import sweep as sv
-    from workbench.viz import widgets as wb
+    from workbench.viz.render import chart_spec, chart_title, spec_rows
 
     sweep(Grid(traces=list(traces), policies=["lru", "fifo", "slru"], arenas=["0.25", "0.5"], predictors=["none", "oracle"]),
           tmp_path / "h", scheduler=cluster.scheduler_address, progress=False)
@@ -252,8 +252,8 @@ def test_sweep_heatmap_slices(traces, tmp_path, cluster):
     assert (both.cells == 2).all()
     lru = df[(df.predictor == "oracle") & (df.policy == "lru") & (df.arena == "0.5")].sync_misses.mean()
     assert both[(both.policy == "lru") & (both.arena == "0.5")].value.iloc[0] == lru
-    spec = wb.chart_spec(sv.slice_heatmap(df, "bytes_per_token", predictor="none"))
-    assert wb.spec_rows(spec) == 6 and "bytes per token" in wb.chart_title(spec)
+    spec = chart_spec(sv.slice_heatmap(df, "bytes_per_token", predictor="none"))
+    assert spec_rows(spec) == 6 and "bytes per token" in chart_title(spec)
     with pytest.raises(ValueError, match="no sweep cells"):
         sv.sweep_slice(df, "sync_misses", predictor="d7")
 

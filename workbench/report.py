@@ -10,7 +10,7 @@
     figures/<nb>/<chart>.svg|png  every chart the notebook registered (vl-convert)
     figures/<nb>/<chart>.vl.json  its Vega-Lite spec, data inlined
 
-Charts are found through ``workbench.viz.widgets.show`` which records each chart's
+Charts are found through ``workbench.viz.display.show`` which records each chart's
 Vega-Lite spec in the cell output (``CHART_MIME``). The kernel runs with
 ``WORKBENCH_STATIC=1`` so live panels render once, straight into the cell output.
 
@@ -42,7 +42,8 @@ from pathlib import Path
 
 from workbench.fsutil import temp_dir
 from workbench.viz.headline import HEADLINE_MIME
-from workbench.viz.widgets import CHART_MIME, STATIC_ENV, spec_rows, spec_to_png, spec_to_svg
+from workbench.viz.display import CHART_MIME, STATIC_ENV
+from workbench.viz.render import spec_rows, spec_to_png, spec_to_svg
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"

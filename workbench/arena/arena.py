@@ -89,7 +89,7 @@ class Arena:
         self.staging = Staging([t.nbytes for t in manifest.tensors]) if self.writes == "staged" else None
         self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
         self.version = 0  # bumped whenever ``lut`` changes
-        self._device_lut = (None, {})  # (version, layer -> lut row on the device)
+        self._device_lut = (None, {}, None)  # (version, layer -> lut row on the device, host copy)
         self._exposed: list[int] = []
         self.key_of = [-1] * n_slots
         self.smap: dict[int, int] = {}
@@ -124,12 +124,14 @@ class Arena:
     def is_mapped(self, layer: int, expert: int) -> bool:
         return layer * self.E + expert in self.smap
 
-    def device_lut(self, layers) -> dict:
-        """``lut``'s rows for ``layers`` as device arrays, uploaded again only when ``lut`` changed."""
+    def device_lut(self, layers):
+        """(layer -> ``lut`` row as a device array, a host copy of ``lut``), both made again only when
+        ``lut`` changed."""
         if self._device_lut[0] != self.version:
             table = mx.array(self.lut[layers].astype(np.uint32))
-            self._device_lut = (self.version, {layer: table[i] for i, layer in enumerate(layers)})
-        return self._device_lut[1]
+            rows = {layer: table[i] for i, layer in enumerate(layers)}
+            self._device_lut = (self.version, rows, self.lut.copy())
+        return self._device_lut[1:]
 
     def residency_signature(self) -> bytes:
         """The published residency set, as a bit mask over (layer, expert)."""

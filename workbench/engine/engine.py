@@ -64,6 +64,11 @@ def to_numpy(a, dtype=np.float32) -> np.ndarray:
     return np.array(a.astype(mx.float32)).astype(dtype, copy=False)
 
 
+def _finite_flag(logits) -> mx.array:
+    """[1] uint32: 1 when every logit is finite."""
+    return mx.all(mx.isfinite(logits)).astype(mx.uint32).reshape(1)
+
+
 def _cuda_available() -> bool:
     cuda = getattr(mx, "cuda", None)
     return bool(cuda is not None and cuda.is_available())
@@ -270,9 +275,11 @@ class Engine(SpeculativeMixin):
                     self._moe_in, self._logits = {}, {}
                     logits = self.model(y[None], cache=cache)[:, -1, :]
                     y = self._sample(logits, sampler)
-                    self._check_finite(logits)
+                    host = np.array(mx.concatenate([y.astype(mx.uint32), _finite_flag(logits)]))  # one transfer
+                    if not host[1]:
+                        self._check_finite(logits)
                     self.controller.observe(self._layers_missed())
-                    token = int(y[0])
+                    token = int(host[0])
                 times.append(time.perf_counter() - t0)
                 tokens.append(token)
                 residency.update(self.arena.residency_signature())
@@ -320,13 +327,13 @@ class Engine(SpeculativeMixin):
     def _launch(self, y, step, cache) -> OptimisticPass:
         """Build one token's graph with no host sync and start it on the device."""
         p = OptimisticPass(self)
-        p.step = step
+        p.step, p.probe = step, self.controller.probed
         self._run_pass(p, y, cache)
         mx.async_eval(p.host, *[flat for _, flat in p.record])
         return p
 
     def _run_pass(self, p, y, cache):
-        p.lut, p.table = self.arena.device_lut(self.m.moe_layers), self.arena.lut.copy()
+        p.lut, p.table = self.arena.device_lut(self.m.moe_layers)
         p.input = y
         self._opt, self._logits, self._moe_in = p, p.logits, p.moe_in
         try:
@@ -337,10 +344,9 @@ class Engine(SpeculativeMixin):
         p.y = mx.argmax(logits, axis=-1)
         computed = [layer for layer in self.m.moe_layers if layer >= p.start]
         p.computed = computed
-        finite = mx.all(mx.isfinite(logits)).astype(mx.uint32).reshape(1)
         # one array, one transfer: every layer's ids, then the finite flag, then the token
         p.host = mx.concatenate([p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed]
-                                + [finite, p.y.astype(mx.uint32)])
+                                + [_finite_flag(logits), p.y.astype(mx.uint32)])
         # what the trace keeps (router logits and MoE inputs) or the planner reads (logits), converted
         # on the device in the same pass and moved in one transfer each
         keep = (p.logits, p.moe_in) if self.recorder is not None else (p.logits,) if self.planner is not None else ()
@@ -390,7 +396,7 @@ class Engine(SpeculativeMixin):
         self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += time.perf_counter_ns() - t0
         self.arena.unexpose()
         self._read_next(p, ahead)
-        self.controller.observe(p.attempt)
+        self.controller.observe(p.attempt, p.probe)
         if not p.finite_ok:
             self._check_finite(p.out)
         return p.out, ahead
@@ -459,7 +465,7 @@ class Engine(SpeculativeMixin):
         return sum(1 for r in rows if r["sync_misses"] or r["prefetch_useful_late"])
 
     def _check_finite(self, logits):
-        if bool(mx.all(mx.isfinite(logits)).item()):
+        if bool(_finite_flag(logits).item()):
             return
         raise EngineError(f"non-finite logits at decode step {self.step}: {self._first_nonfinite()}; "
                           "the output would be wrong (token 0), so the run stops")

@@ -27,30 +27,38 @@ class Controller:
     (``sync`` layers each); an optimistic token pays one sync and, per recompute, a sync plus on
     average half the layers again. ``recomputes`` is a moving average of recomputes per token
     (observed in optimistic mode; in per-layer mode, the number of layers that missed, an upper
-    bound). Per-layer mode probes optimistic decode every ``probe`` tokens.
+    bound). Per-layer mode probes optimistic decode every ``probe`` tokens; a probe that cost more
+    than per-layer decode doubles that interval (up to ``max_probe``), one that paid resets it.
     """
 
-    def __init__(self, mode="auto", n_layers=1, sync=1.0, probe=16, decay=0.75, expect_misses=False):
+    def __init__(self, mode="auto", n_layers=1, sync=1.0, probe=16, decay=0.75, expect_misses=False, max_probe=256):
         if mode not in ("auto", "optimistic", "layer"):
             raise ValueError(f"unknown decode mode {mode!r}; valid: auto, optimistic, layer")
         self.mode, self.n, self.sync, self.probe, self.decay = mode, n_layers, sync, probe, decay
         self.recomputes = float(n_layers) if expect_misses else 0.0  # a partial arena starts per-layer
+        self.interval, self.max_probe = probe, max_probe
+        self.probed = False  # whether the last True from ``optimistic`` was a probe
         self._since_probe = 0
 
+    def _cost(self, recomputes) -> float:
+        return self.n + self.sync + recomputes * (self.sync + self.n / 2)
+
     def optimistic(self) -> bool:
+        self.probed = False
         if self.mode != "auto":
             return self.mode == "optimistic"
-        per_layer = self.n * (1 + self.sync)
-        optimistic = self.n + self.sync + self.recomputes * (self.sync + self.n / 2)
-        if optimistic <= per_layer:
+        if self._cost(self.recomputes) <= self.n * (1 + self.sync):
             return True
         self._since_probe += 1
-        if self._since_probe >= self.probe:
-            self._since_probe = 0
+        if self._since_probe >= self.interval:
+            self._since_probe, self.probed = 0, True
             return True
         return False
 
-    def observe(self, recomputes: int) -> None:
+    def observe(self, recomputes: int, probe: bool = False) -> None:
+        if probe:
+            lost = self._cost(recomputes) > self.n * (1 + self.sync)
+            self.interval = min(2 * self.interval, self.max_probe) if lost else self.probe
         self.recomputes = self.decay * self.recomputes + (1 - self.decay) * recomputes
 
 

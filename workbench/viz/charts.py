@@ -12,8 +12,15 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from .palette import NAMED as NAMED_COLORS  # noqa: F401  (one palette for every chart)
 from .palette import PALETTE, color_scale, natural_key, natural_sorted
+
+
+# Axis titles, with their units, of the columns charts pick by name.
+AXIS_TITLES = {
+    "slots": "arena slots (count)", "capacity": "arena slots (count)", "slots_per_layer": "slots per layer (count)",
+    "budget_bytes": "arena (bytes)", "arena_GB": "arena (GB)", "arena_gb": "arena (GB)",
+    "hit_rate": "hit rate (%)", "hit_ratio": "hit rate (%)", "hits": "hits (count)",
+}
 
 
 def _title(text, subtitle=None):
@@ -31,14 +38,14 @@ def lookahead_chart(table: pd.DataFrame) -> alt.HConcatChart:
     k = int(base["k"].iloc[0]) if len(base) else int(t["k"].iloc[0])
     by_layer = alt.Chart(base, title=_title("Lookahead recovery by layer", f"top-{k}, |pred ∩ actual| / k")).mark_line(point=True).encode(
         x=alt.X("layer:O", title="layer", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("recovery:Q", title="recovery (share of actual top-k)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("recovery:Q", title="recovery of actual top-k (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("source:N", scale=sc, sort=order, title="predictor source"),
         tooltip=["source", "layer", alt.Tooltip("recovery:Q", format=".1%"), "n"],
     ).properties(width=360, height=240)
     summ = t.groupby(["source", "k_pred"], as_index=False)["recovery"].mean()
     by_k = alt.Chart(summ, title=_title("Recovery vs candidates read", "mean over layers")).mark_line(point=True).encode(
-        x=alt.X("k_pred:Q", title="candidates per layer k'", scale=alt.Scale(zero=False), axis=alt.Axis(values=sorted(int(v) for v in summ["k_pred"].unique()), format="d")),
-        y=alt.Y("recovery:Q", title="coverage of actual top-k", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        x=alt.X("k_pred:Q", title="candidates read per layer k' (count)", scale=alt.Scale(zero=False), axis=alt.Axis(values=sorted(int(v) for v in summ["k_pred"].unique()), format="d")),
+        y=alt.Y("recovery:Q", title="coverage of actual top-k (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("source:N", scale=sc, sort=order, title="predictor source"),
         tooltip=["source", "k_pred", alt.Tooltip("recovery:Q", format=".1%")],
     ).properties(width=260, height=240)
@@ -60,8 +67,8 @@ def cosine_chart(pairs_or_hist: pd.DataFrame, summary: pd.DataFrame | None = Non
         mean = float(pairs_or_hist["cosine"].mean())
     sub = f"mean {mean:+.3f} over {h['layer'].nunique()} layer(s)" if mean is not None else None
     bars = alt.Chart(pooled, title=_title("Pairwise cosine of flattened experts", sub)).mark_bar(color=PALETTE[0]).encode(
-        x=alt.X("bin_lo:Q", bin="binned", title="cosine similarity"), x2="bin_hi:Q",
-        y=alt.Y("share:Q", title="share of expert pairs", axis=alt.Axis(format="%")),
+        x=alt.X("bin_lo:Q", bin="binned", title="cosine similarity (unitless)"), x2="bin_hi:Q",
+        y=alt.Y("share:Q", title="expert pairs (%)", axis=alt.Axis(format="%")),
         tooltip=[alt.Tooltip("bin_lo:Q", format=".3f"), alt.Tooltip("bin_hi:Q", format=".3f"), "count:Q"],
     )
     layers = [bars]
@@ -80,8 +87,8 @@ def energy_chart(energy: pd.DataFrame, share: float | None = 0.9, max_layers: in
     n = int(e["rank"].max())
     lines = alt.Chart(e, title=_title("Singular-value energy of stacked experts",
                                       f"E x P matrix per layer, {n} experts{' (mean removed)' if e['centered'].any() else ''}")).mark_line().encode(
-        x=alt.X("rank:Q", title="rank (number of singular vectors)"),
-        y=alt.Y("energy_share:Q", title="cumulative energy share", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        x=alt.X("rank:Q", title="rank: singular vectors kept (count)"),
+        y=alt.Y("energy_share:Q", title="cumulative energy share (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
         tooltip=["layer", "rank", alt.Tooltip("energy_share:Q", format=".1%")],
     )
@@ -99,7 +106,7 @@ def gate_slot_chart(table: pd.DataFrame) -> alt.Chart:
     per_layer = alt.Chart(table).mark_line(opacity=0.25, color=PALETTE[0]).encode(
         x=alt.X("slot:O", title="slot (1 = strongest)", axis=alt.Axis(labelAngle=0)), y=alt.Y("mean_weight:Q"), detail="layer:N")
     avg = alt.Chart(mean).mark_line(point=True, color=PALETTE[2], strokeWidth=3).encode(
-        x="slot:O", y=alt.Y("mean_weight:Q", title="mean normalized gate weight"),
+        x="slot:O", y=alt.Y("mean_weight:Q", title="mean normalized gate weight (share)"),
         tooltip=["slot", alt.Tooltip("mean_weight:Q", format=".3f")])
     even = alt.Chart(pd.DataFrame({"even": [1 / k]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(y="even:Q")
     return alt.layer(per_layer, avg, even).properties(
@@ -115,7 +122,7 @@ def drop_weakest_chart(table: pd.DataFrame) -> alt.Chart:
     sc = alt.Scale(domain=["not renormalized", "renormalized"], range=[PALETTE[0], PALETTE[1]])
     line = alt.Chart(agg).mark_line(point=True).encode(
         x=alt.X("dropped:O", title="weakest experts dropped", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("rel_error:Q", title="relative L2 error of block output", axis=alt.Axis(format="%")),
+        y=alt.Y("rel_error:Q", title="relative L2 error of block output (%)", axis=alt.Axis(format="%")),
         color=alt.Color("renorm:N", scale=sc, title="kept weights"),
         tooltip=["dropped", "renorm", alt.Tooltip("rel_error:Q", format=".1%")])
     band = alt.Chart(agg).mark_area(opacity=0.15).encode(x="dropped:O", y="lo:Q", y2="hi:Q",
@@ -144,18 +151,18 @@ def union_chart(table: pd.DataFrame, slope: float | None = None) -> alt.Chart:
         x="g:Q", y="union:Q", color=alt.Color("curve:N", title="", scale=alt.Scale(range=["#888", PALETTE[1]]))))
     parts.append(alt.Chart(mean[["g", "union"]]).mark_line(point=alt.OverlayMarkDef(color=PALETTE[2]), color=PALETTE[2],
                                                            strokeWidth=3).encode(
-        x=alt.X("g:Q", title="window g (consecutive tokens)", axis=alt.Axis(values=[int(g) for g in gs], format="d")), y=alt.Y("union:Q", title="distinct experts per layer"),
+        x=alt.X("g:Q", title="window g, consecutive tokens (count)", axis=alt.Axis(values=[int(g) for g in gs], format="d")), y=alt.Y("union:Q", title="distinct experts per layer (count)"),
         tooltip=["g", alt.Tooltip("union:Q", format=".2f")]))
     return alt.layer(*parts).properties(width=380, height=260,
                                         title=_title("Experts to read for a window of g tokens", f"top-{int(k)}; bold: mean over layers"))
 
 
-def speedup_chart(grid: pd.DataFrame) -> alt.Chart:
+def speedup_chart(grid: pd.DataFrame, title: str = "MTP speedup bound, streaming-bound decode") -> alt.Chart:
     """Streaming-bound speedup vs acceptance: one line per window g, best-over-g bold, 1x dashed."""
     g = grid.copy()
     best = g.loc[g.groupby("acceptance")["speedup"].idxmax()]
     lines = alt.Chart(g).mark_line(opacity=0.7).encode(
-        x=alt.X("acceptance:Q", title="per-token acceptance a", axis=alt.Axis(format="%")),
+        x=alt.X("acceptance:Q", title="per-token acceptance a (%)", axis=alt.Axis(format="%")),
         y=alt.Y("speedup:Q", title="speedup bound (x plain decode)"),
         color=alt.Color("g:O", title="window g", scale=alt.Scale(scheme="tableau10")),
         tooltip=["g", alt.Tooltip("acceptance:Q", format=".0%"), alt.Tooltip("speedup:Q", format=".3f")])
@@ -163,7 +170,7 @@ def speedup_chart(grid: pd.DataFrame) -> alt.Chart:
         x="acceptance:Q", y="speedup:Q", tooltip=[alt.Tooltip("acceptance:Q", format=".0%"), "g", alt.Tooltip("speedup:Q", format=".3f")])
     one = alt.Chart(pd.DataFrame({"y": [1.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(y="y:Q")
     return alt.layer(lines, env, one).properties(width=420, height=260, title=_title(
-        "MTP speedup bound, streaming-bound decode", "E[tokens](g)/(union(g)/k); black: best g"))
+        title, "E[tokens](g)/(union(g)/k); black: best g"))
 
 
 def acceptance_chart(table: pd.DataFrame) -> alt.Chart:
@@ -171,7 +178,7 @@ def acceptance_chart(table: pd.DataFrame) -> alt.Chart:
     order = list(dict.fromkeys(table["drafter"]))
     return alt.Chart(table, title=_title("Drafter acceptance", "accepted / tested drafts, greedy target")).mark_bar().encode(
         x=alt.X("g:O", title="window g", axis=alt.Axis(labelAngle=0)), xOffset=alt.XOffset("drafter:N", sort=order),
-        y=alt.Y("acceptance:Q", title="per-token acceptance", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("acceptance:Q", title="per-token acceptance (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("drafter:N", scale=color_scale(order), sort=order, title="drafter"),
         tooltip=["drafter", "g", alt.Tooltip("acceptance:Q", format=".1%"), alt.Tooltip("tokens_per_pass:Q", format=".2f")],
     ).properties(width=380, height=240)
@@ -190,7 +197,7 @@ def precision_chart(table: pd.DataFrame) -> alt.Chart:
     sc = color_scale(order)
     pts = alt.Chart(t).mark_line(point=True).encode(
         x=alt.X("rank:O", title="candidate rank (1 = best)", axis=alt.Axis(labelAngle=0)),
-        y=alt.Y("precision:Q", title="precision (share claimed)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("precision:Q", title="precision: candidates claimed (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("source:N", scale=sc, title="predictor source"),
         tooltip=["source", "rank", alt.Tooltip("precision:Q", format=".1%"), "n"])
     err = alt.Chart(t).mark_errorbar().encode(x="rank:O", y="ci_lo:Q", y2="ci_hi:Q", color=alt.Color("source:N", scale=sc))
@@ -203,8 +210,8 @@ def reliability_chart(table: pd.DataFrame) -> alt.Chart:
         if "source" in table.columns else alt.value(PALETTE[0])
     diag = alt.Chart(pd.DataFrame({"q": [0.0, 1.0]})).mark_line(color="#888", strokeDash=[4, 3]).encode(x="q:Q", y="q:Q")
     pts = alt.Chart(table).mark_line(point=True).encode(
-        x=alt.X("mean_q:Q", title="predicted probability q", scale=alt.Scale(domain=[0, 1])),
-        y=alt.Y("observed:Q", title="observed claim frequency", scale=alt.Scale(domain=[0, 1])),
+        x=alt.X("mean_q:Q", title="predicted probability q (share)", scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("observed:Q", title="observed claim frequency (share)", scale=alt.Scale(domain=[0, 1])),
         color=color, tooltip=[alt.Tooltip("mean_q:Q", format=".3f"), alt.Tooltip("observed:Q", format=".3f"), "n"])
     size = alt.Chart(table).mark_point(filled=True).encode(x="mean_q:Q", y="observed:Q", size=alt.Size("n:Q", title="candidates"), color=color)
     return alt.layer(diag, pts, size).properties(width=300, height=300, title=_title(
@@ -218,8 +225,9 @@ def hit_curve_chart(table: pd.DataFrame, x: str | None = None, y: str | None = N
     x = x or next((c for c in ("slots", "capacity", "slots_per_layer", "budget_bytes") if c in cols), cols[0])
     y = y or next((c for c in ("hit_rate", "hits", "hit_ratio") if c in cols), cols[1])
     color = color or next((c for c in ("policy", "layer", "source") if c in cols), None)
-    enc = dict(x=alt.X(f"{x}:Q", title=x.replace("_", " ")),
-               y=alt.Y(f"{y}:Q", title=y.replace("_", " "), axis=alt.Axis(format="%") if "rate" in y or "ratio" in y else alt.Axis()),
+    share = "rate" in y or "ratio" in y
+    enc = dict(x=alt.X(f"{x}:Q", title=AXIS_TITLES.get(x, x.replace("_", " "))),
+               y=alt.Y(f"{y}:Q", title=AXIS_TITLES.get(y, y.replace("_", " ")), axis=alt.Axis(format="%") if share else alt.Axis()),
                tooltip=[x, y] + ([color] if color else []))
     if color:
         enc["color"] = alt.Color(f"{color}:N", scale=color_scale(table[color].astype(str).unique(), sort=True), title=color)
@@ -241,7 +249,7 @@ def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
     bars = alt.Chart(t).mark_rule().encode(y=y, x="low_ratio:Q", x2="high_ratio:Q",
                                            color=alt.Color("verdict:N", scale=sc, title="verdict"))
     dots = alt.Chart(t).mark_point(filled=True, size=60).encode(
-        y=y, x=alt.X("ours_ratio:Q", title="ours / seed (bar: 95% interval)"),
+        y=y, x=alt.X("ours_ratio:Q", title="ours / seed (ratio; bar: 95% interval)"),
         color=alt.Color("verdict:N", scale=sc, title="verdict"),
         tooltip=["id", "method", "seed", alt.Tooltip("ours:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"),
                  alt.Tooltip("high:Q", format=".4f"), "rule", "verdict"])
@@ -269,7 +277,9 @@ def interval_chart(table: pd.DataFrame, x: str, y: str, color: str | None = None
     n_col = next((c for c in t.columns if c.startswith("n_") and c.endswith("s")), None)
     tip = [x] + ([color] if color else []) + [alt.Tooltip(f"{y}:Q", format=".4f"), alt.Tooltip("low:Q", format=".4f"),
                                               alt.Tooltip("high:Q", format=".4f")] + ([n_col] if n_col else [])
-    err = alt.Chart(t).mark_errorbar(ticks=True).encode(y=alt.Y("low:Q", title=y_title or y), y2="high:Q", **enc)
+    if y_title is None:
+        y_title = y.replace("_", " ") + (" (%)" if y_format == "%" else "")
+    err = alt.Chart(t).mark_errorbar(ticks=True).encode(y=alt.Y("low:Q", title=y_title), y2="high:Q", **enc)
     pts = alt.Chart(t).mark_point(filled=True, size=50).encode(y=alt.Y(f"{y}:Q", axis=axis), tooltip=tip, **enc)
     parts = [err, pts]
     for col in ([seed] if isinstance(seed, str) else list(seed or [])):
@@ -288,15 +298,16 @@ def union_ci_chart(by_method: dict) -> alt.Chart:
     seed = pd.DataFrame({"g": list(REFERENCE_UNION), "union": list(REFERENCE_UNION.values()), "method": "seed"})
     dom = list(by_method) + ["seed"]
     sc = color_scale(dom)
-    x = alt.X("g:Q", title="window g (consecutive tokens)", axis=alt.Axis(values=sorted(set(t["g"])), format="d"))
+    x = alt.X("g:Q", title="window g, consecutive tokens (count)", axis=alt.Axis(values=sorted(set(t["g"])), format="d"))
     band = alt.Chart(t).mark_area(opacity=0.2).encode(x=x, y="low:Q", y2="high:Q", color=alt.Color("method:N", scale=sc))
     line = alt.Chart(t).mark_line(point=True).encode(
-        x=x, y=alt.Y("union:Q", title="distinct experts per layer"), color=alt.Color("method:N", scale=sc, sort=dom),
+        x=x, y=alt.Y("union:Q", title="distinct experts per layer (count)"), color=alt.Color("method:N", scale=sc, sort=dom),
         tooltip=["method", "g", alt.Tooltip("union:Q", format=".2f"), alt.Tooltip("low:Q", format=".2f"),
                  alt.Tooltip("high:Q", format=".2f"), "n_prompts"])
     ref = alt.Chart(seed).mark_line(point=True, strokeDash=[4, 3]).encode(x=x, y="union:Q", color=alt.Color("method:N", scale=sc))
     return alt.layer(band, line, ref).properties(width=380, height=260, title=_title(
-        "Experts to read for a window of g tokens", "band: 95% bootstrap interval over prompts; dashed: the seed's table"))
+        "Experts to read for a window of g tokens, over the workload",
+        "band: 95% bootstrap interval over prompts; dashed: the seed's table"))
 
 
 def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) -> alt.Chart:
@@ -304,7 +315,7 @@ def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) 
     t = table[(table["metric"] == metric) & ~table["policy"].str.contains(" - ")].copy()
     dom = list(dict.fromkeys(t["policy"]))
     sc = color_scale(dom)
-    x = alt.X("arena:Q", title="arena (share of routed experts)", axis=alt.Axis(format="%"))
+    x = alt.X("arena:Q", title="arena, share of routed experts (%)", axis=alt.Axis(format="%"))
     line = alt.Chart(t).mark_line(point=True).encode(
         x=x, y=alt.Y("value:Q", title=y_title), color=alt.Color("policy:N", scale=sc, sort=dom),
         tooltip=["policy", alt.Tooltip("arena:Q", format=".0%"), alt.Tooltip("value:Q", format=".3f"),
@@ -320,11 +331,37 @@ def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
            alt.Tooltip("hit_rate:Q", format=".1%"), alt.Tooltip("peak_memory_gb:Q", format=".3f")]
     base = alt.Chart(table).mark_line(point=True, color=PALETTE[0]).encode(x=x, tooltip=tip)
     return alt.hconcat(
-        base.encode(y=alt.Y("tokens_per_s:Q", title="decode tokens/s")).properties(width=200, height=160,
+        base.encode(y=alt.Y("tokens_per_s:Q", title="decode speed (tokens/s)")).properties(width=200, height=160,
                                                                                   title="Speed"),
-        base.encode(y=alt.Y("hit_rate:Q", title="hit rate", axis=alt.Axis(format="%"))).properties(
+        base.encode(y=alt.Y("hit_rate:Q", title="hit rate (%)", axis=alt.Axis(format="%"))).properties(
             width=200, height=160, title="Hit rate"),
         base.encode(y=alt.Y("peak_memory_gb:Q", title="peak MLX memory (GB)")).properties(
             width=200, height=160, title="Peak memory"),
     ).properties(title=_title("Fit my machine: what an arena of each size costs and buys",
                               "one run per size; the model's non-expert weights stay resident as well"))
+
+
+# --------------------------------------------------------------------------- read path
+def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit", subtitle: str | None = None):
+    """Bars of GB/s per method (threads on the axis), faceted by read mode and cache state."""
+    t = table.copy()
+    t["cache"] = t["cold"].map({True: "cold", False: "warm"})
+    t["what"] = [f"{m} ×{th}" if m.startswith("store") else m for m, th in zip(t["method"], t["threads"])]
+    t["what"] = t["what"].str.replace("store blobs (preadv into slots)", "store → slots", regex=False)
+    t["panel"] = t["mode"] + ", " + t["cache"]
+    t["kind"] = ["sequential limit" if m == "sequential" else ("store → slots" if m.startswith("store") else "single copy")
+                 for m in t["method"]]
+    order = list(dict.fromkeys(t["what"]))
+    scale = color_scale(["sequential limit", "store → slots", "single copy"])
+    bars = alt.Chart(t).mark_bar().encode(
+        y=alt.Y("what:N", sort=order, title=None),
+        x=alt.X("gbps:Q", title="throughput (GB/s)"),
+        color=alt.Color("kind:N", scale=scale, title="method"),
+        tooltip=["method", "mode", "threads", "cache", alt.Tooltip("gbps:Q", format=".3f"),
+                 alt.Tooltip("share_of_sequential:Q", format=".0%")],
+    ).properties(width=300, height=alt.Step(16))
+    if "gbps_min" in t and (t["gbps_max"] > t["gbps_min"]).any():  # the spread of the repeats
+        bars = bars + alt.Chart(t).mark_rule(color="black").encode(
+            y=alt.Y("what:N", sort=order), x="gbps_min:Q", x2="gbps_max:Q")
+    return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).properties(
+        title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start"))

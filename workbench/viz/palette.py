@@ -40,8 +40,11 @@ NAMED = {
     "partially read": "#f28e2b", "cancelled before read": "#bab0ac",
 }
 
-# Vega-Lite config merged into every spec: no truncated labels or titles anywhere.
+# Vega-Lite config merged into every spec: no truncated labels or titles anywhere. The font is
+# named, not "sans-serif": vl-convert sizes the SVG with the font it resolves, and a browser that
+# resolves "sans-serif" to a wider one (DejaVu Sans on Linux) would clip the longest labels.
 CONFIG = {
+    "font": "DejaVu Sans, Arial, Helvetica, sans-serif",
     "axis": {"labelLimit": 0, "titleLimit": 0},
     "legend": {"labelLimit": 0, "titleLimit": 0},
     "header": {"labelLimit": 0, "titleLimit": 0},
@@ -83,5 +86,5 @@ def apply_config(spec: dict) -> dict:
     """Merge ``CONFIG`` under the spec's own config (the chart's explicit settings win)."""
     config = spec.setdefault("config", {})
     for key, values in CONFIG.items():
-        config[key] = {**values, **config.get(key, {})}
+        config[key] = {**values, **config.get(key, {})} if isinstance(values, dict) else config.get(key, values)
     return spec

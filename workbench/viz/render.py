@@ -7,6 +7,7 @@ the ``svg`` renderer (vl-convert, in-process) renders, also inside an ipywidgets
     from workbench.viz.render import use_offline_renderer, save_chart
     use_offline_renderer()                 # svg renderer + row-capping data transformer
     save_chart(chart, "out/lookahead")     # -> [out/lookahead.png, out/lookahead.svg]
+    chart_spec(chart)                      # the Vega-Lite dict every export renders from
 
 ``use_interactive_renderer()`` opts into an interactive renderer when vega is reachable.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import altair as alt
 import pandas as pd
@@ -60,33 +61,99 @@ def use_interactive_renderer(renderer: str = "jupyter", max_rows: int | None = D
     alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows)
 
 
+def vl_version() -> str:
+    """The Vega-Lite version altair writes ("5.20"), passed to vl-convert."""
+    v = alt.SCHEMA_VERSION.lstrip("v").split(".")
+    return f"{v[0]}.{v[1]}"
+
+
+def chart_spec(chart, max_rows: int | None = DEFAULT_MAX_ROWS) -> dict:
+    """The chart's Vega-Lite spec as a plain dict: data inlined (capped at ``max_rows``) and the
+    palette's no-truncation config merged in. A dict passes through unchanged."""
+    if isinstance(chart, Mapping):
+        return dict(chart)
+    from .palette import apply_config
+
+    with alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows):
+        return apply_config(chart.to_dict())
+
+
+def spec_to_svg(spec: dict) -> str:
+    import vl_convert as vlc
+
+    return vlc.vegalite_to_svg(spec, vl_version=vl_version())
+
+
+def spec_to_png(spec: dict, scale: float = 2.0) -> bytes:
+    import vl_convert as vlc
+
+    return vlc.vegalite_to_png(spec, vl_version=vl_version(), scale=scale)
+
+
+def spec_rows(spec: dict) -> int:
+    """Number of data rows inlined in a spec (top-level ``datasets`` and any ``data.values``)."""
+    n = 0
+    for values in (spec.get("datasets") or {}).values():
+        n += len(values)
+
+    def walk(node):
+        nonlocal n
+        if isinstance(node, dict):
+            data = node.get("data")
+            if isinstance(data, dict) and isinstance(data.get("values"), list):
+                n += len(data["values"])
+            for k, v in node.items():
+                if k != "datasets":
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(spec)
+    return n
+
+
+def chart_title(spec: dict) -> str:
+    """The chart's title; for untitled concatenations, the sub-charts' titles joined by " · "."""
+    t = spec.get("title")
+    if isinstance(t, dict):
+        t = t.get("text")
+    if isinstance(t, list):
+        t = " ".join(str(x) for x in t)
+    if t:
+        return str(t)
+    for key in ("hconcat", "vconcat", "concat", "layer"):
+        parts = [chart_title(sub) for sub in spec.get(key) or [] if isinstance(sub, dict)]
+        parts = [x for x in parts if x]
+        if parts:
+            return " · ".join(parts)
+    if isinstance(spec.get("spec"), dict):  # facet / repeat
+        return chart_title(spec["spec"])
+    return ""
+
+
 def save_chart(chart: alt.TopLevelMixin, path_stem, formats: Iterable[str] = ("png", "svg"), scale: float = 2.0,
                max_rows: int | None = DEFAULT_MAX_ROWS) -> list[Path]:
     """Write ``chart`` as PATH_STEM.png / .svg (/ .json / .html) offline via vl-convert; returns the paths."""
+    import json
+
     import vl_convert as vlc
 
     stem = Path(path_stem)
     if stem.suffix in (".png", ".svg"):
         stem = stem.with_suffix("")
-    from .palette import apply_config
-
-    with alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows):
-        spec = apply_config(chart.to_dict())
-    vl_version = ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
-    kw = {"vl_version": vl_version} if vl_version in vlc.get_vegalite_versions() else {}
+    spec = chart_spec(chart, max_rows=max_rows)
     out = []
     for fmt in formats:
         p = stem.with_name(stem.name + "." + fmt)
         if fmt == "png":
-            data = vlc.vegalite_to_png(spec, scale=scale, **kw)
+            data = spec_to_png(spec, scale=scale)
         elif fmt == "svg":
-            data = vlc.vegalite_to_svg(spec, **kw).encode()
+            data = spec_to_svg(spec).encode()
         elif fmt == "json":
-            import json
-
             data = json.dumps(spec, indent=1).encode()
         elif fmt == "html":
-            data = vlc.vegalite_to_html(spec, bundle=True, **kw).encode()
+            data = vlc.vegalite_to_html(spec, bundle=True, vl_version=vl_version()).encode()
         else:
             raise ValueError(f"unknown chart format {fmt!r}; use png, svg, json or html")
         atomic_write(p, lambda tmp: Path(tmp).write_bytes(data))

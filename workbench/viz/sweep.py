@@ -68,5 +68,5 @@ def slice_heatmap(df: pd.DataFrame, metric: str, **where) -> alt.LayerChart:
     """``heatmap(sweep_slice(...))`` with the slice named in the subtitle."""
     t = sweep_slice(df, metric, **where)
     named = ", ".join(f"{k} {v}" for k, v in where.items() if v is not None) or "all cells"
-    sub = [named] + (["mean over the axes not fixed (cells per square in the tooltip)"] if t["cells"].max() > 1 else [])
-    return heatmap(t, metric, subtitle=sub)
+    sub = ["mean over the axes not fixed (cells per square in the tooltip)"] if t["cells"].max() > 1 else None
+    return heatmap(t, metric, title=f"{METRICS.get(metric, metric)} by policy and arena: {named}", subtitle=sub)
