@@ -129,7 +129,7 @@ def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
             np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL, err_msg=writes)
             if writes == "staged":
                 staging = eng.arena.staging
-                rows = sum(c.shape[0] for c in staging.chunks)
+                rows = sum(c[0].shape[0] for c in staging.chunks)
                 reads = res.stats["misses"] + res.stats["prefill"]["misses"] + res.stats["prefetch"]["issued"]
                 assert reads > 2 * rows, (reads, rows)  # rows were reused
                 assert rows < eng.n_slots + 64

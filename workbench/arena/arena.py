@@ -86,7 +86,9 @@ class Arena:
             sizes = [t.nbytes for t in manifest.tensors]
             self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
         self._staged: list = []  # (slot, staging row) claimed reads waiting to be copied in (staged)
-        self.staging = Staging([t.nbytes for t in manifest.tensors]) if self.writes == "staged" else None
+        self.staging = None
+        if self.writes == "staged":
+            self.staging = Staging([(t.shape, _DTYPES[t.dtype]) for t in manifest.tensors])
         self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
         self.version = 0  # bumped whenever ``lut`` changes
         self._device_lut = (None, {}, None)  # (version, layer -> lut row on the device, host copy)
@@ -171,7 +173,7 @@ class Arena:
                     self.release()
                     raise
             return self.lut[layer]
-        waits, batch, fresh, landed = [], [], [], []
+        waits, batch, fresh, landed, missed = [], [], [], [], []
         t0 = time.perf_counter_ns()
         try:
             for key, s in zip(keys, slots):
@@ -206,14 +208,10 @@ class Arena:
                     self.policy.admit(key)
                     c["misses"] += 1
                     c["sync_misses"] += 1
-                    reader = self.io.reader
-                    if reader is not None and reader.through_page_cache:
-                        blob = self.m.blob(layer, key - base)
-                        if reader.page_cache.cached(blob.offset, blob.size):
-                            c["page_cache_hits"] += 1
                     if self.hooks.active:
                         self.hooks.fire("cache.miss", key, layer=layer, expert=key - base, slot=s)
                     waits.append(self._read(s, key, batch))
+                    missed.append(waits[-1])
             self.io.submit_many(batch)
             batch = []
             self._wait_all(waits)
@@ -223,6 +221,7 @@ class Arena:
             raise
         finally:
             c["io_wait_ns"] += time.perf_counter_ns() - t0
+        c["page_cache_hits"] += sum(1 for req in missed if req.page_cached)
         for key in keys:  # every read landed: publish before any hook can raise
             s = self.smap[key]
             if not self.published[s]:
@@ -327,17 +326,14 @@ class Arena:
 
     # ---- slot writes -------------------------------------------------------------------
     def flush(self) -> None:
-        """Staged writes: copy claimed reads into their slots: one gather of their staging rows,
-        then one lazy scatter per tensor, ordered on the device stream before any compute that
-        reads those slots."""
+        """Staged writes: copy claimed reads into their slots, per tensor one gather of their staging
+        rows and one lazy scatter, ordered on the device stream before any compute that reads
+        those slots."""
         if not self._staged:
             return
-        n = len(self._staged)
         idx = mx.array([s for s, _ in self._staged], dtype=mx.uint32)
-        rows = self.staging.gather([row for _, row in self._staged])  # [n, expert bytes] uint8
-        for t, off in zip(self.m.tensors, self._offsets()):
-            part = mx.contiguous(rows[:, off:off + t.nbytes])
-            self.tensors[t.name][idx] = part.view(_DTYPES[t.dtype]).reshape(n, *t.shape)
+        for t, part in zip(self.m.tensors, self.staging.gather([row for _, row in self._staged])):
+            self.tensors[t.name][idx] = part
         self._staged.clear()
 
     def _commit(self, reqs) -> None:
@@ -346,12 +342,6 @@ class Arena:
                 self._staged.append((req.slot, req.buffer))
                 req.buffer = None
         self.flush()
-
-    def _offsets(self):
-        off = 0
-        for t in self.m.tensors:
-            yield off
-            off += t.nbytes
 
     def _recycle(self, req) -> None:
         """A staged read that will never be copied in gives its staging row back."""

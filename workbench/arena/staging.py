@@ -1,5 +1,6 @@
-"""Staging rows for staged slot writes: reads land in host-written rows of MLX arrays, and a
-flush copies them into their slots on the device (a gather from the rows, then a scatter).
+"""Staging rows for staged slot writes: reads land in host-written rows of MLX arrays shaped like
+the slot tensors, and a flush copies them into their slots on the device (per tensor: a gather
+from the rows, then a scatter).
 
 A row is reusable once the gather that read it has run: ``gather`` records its lazy output, and
 ``take`` evaluates pending gathers only when no row is free (in steady state they ran long ago).
@@ -28,18 +29,20 @@ class Row:
 
 
 class Staging:
-    def __init__(self, sizes, rows_per_chunk=32):
-        self.sizes = list(sizes)  # bytes of each tensor's piece, in row order
-        self.row_bytes = sum(self.sizes)
+    """Rows shaped like one expert's tensors: ``specs`` is [(shape, mx dtype)] in the slot's order;
+    a row's ``views`` are one writable byte view per tensor (what a read fills)."""
+
+    def __init__(self, specs, rows_per_chunk=32):
+        self.specs = [(tuple(shape), dtype) for shape, dtype in specs]
         self.rows_per_chunk = rows_per_chunk
-        self.chunks: list[mx.array] = []
+        self.chunks: list[tuple] = []  # per chunk: one MLX array per tensor, [rows, *shape]
         self.free: list[Row] = []
-        self.pending: list[tuple[mx.array, list[Row]]] = []  # (lazy gather, the rows it reads)
+        self.pending: list[tuple[list, list[Row]]] = []  # (lazy gathers, the rows they read)
         self.advised = None  # True / False once the first chunk exists (CUDA only; None elsewhere)
 
     def take(self) -> Row:
         if not self.free and self.pending:
-            mx.eval([g for g, _ in self.pending])
+            mx.eval([g for gathers, _ in self.pending for g in gathers])
             for _, rows in self.pending:
                 self.free.extend(rows)
             self.pending.clear()
@@ -51,33 +54,33 @@ class Staging:
         """A row that will never be copied in is free at once."""
         self.free.append(row)
 
-    def gather(self, rows) -> mx.array:
-        """The rows' bytes as one lazy device array [len(rows), row_bytes]."""
+    def gather(self, rows) -> list:
+        """The rows' values as one lazy device array per tensor, [len(rows), *shape]."""
         parts, i = [], 0
         while i < len(rows):  # consecutive rows of one chunk in one gather
             j = i
             while j < len(rows) and rows[j].chunk is rows[i].chunk:
                 j += 1
-            parts.append(rows[i].chunk[mx.array([r.index for r in rows[i:j]], dtype=mx.uint32)])
+            idx = mx.array([r.index for r in rows[i:j]], dtype=mx.uint32)
+            parts.append([a[idx] for a in rows[i].chunk])
             i = j
-        out = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+        out = parts[0] if len(parts) == 1 else [mx.concatenate(p) for p in zip(*parts)]
         self.pending.append((out, list(rows)))
         return out
 
     def _grow(self):
-        chunk = mx.zeros((self.rows_per_chunk, self.row_bytes), dtype=mx.uint8)
-        mx.eval(chunk)
-        raw = memoryview(chunk).cast("B")
+        n = self.rows_per_chunk
+        chunk = tuple(mx.zeros((n, *shape), dtype=dtype) for shape, dtype in self.specs)
+        mx.eval(list(chunk))
+        raw = [memoryview(a).cast("B") for a in chunk]
         if _cuda():
-            ok = _advise_host(np.frombuffer(raw, dtype=np.uint8).ctypes.data, self.rows_per_chunk * self.row_bytes)
-            self.advised = ok if self.advised is None else (self.advised and ok)
+            for r in raw:
+                ok = _advise_host(np.frombuffer(r, dtype=np.uint8).ctypes.data, r.nbytes)
+                self.advised = ok if self.advised is None else (self.advised and ok)
         self.chunks.append(chunk)
-        for r in range(self.rows_per_chunk):
-            base, views = r * self.row_bytes, []
-            for n in self.sizes:
-                views.append(raw[base:base + n])
-                base += n
-            self.free.append(Row(chunk, r, views))
+        sizes = [r.nbytes // n for r in raw]
+        for i in range(n):
+            self.free.append(Row(chunk, i, [r[i * b:(i + 1) * b] for r, b in zip(raw, sizes)]))
         self.rows_per_chunk *= 2  # few chunks: a flush gathers from few arrays
 
 
