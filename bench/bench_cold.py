@@ -13,7 +13,8 @@ import platform
 import statistics
 
 from workbench.config import IOConfig
-from workbench.engine.engine import Engine, cache_dir
+from workbench.engine.engine import Engine
+from workbench.fsutil import cache_dir
 from workbench.io.readpath import drop_cache, sequential_gbps
 from workbench.store.manifest import EXPERTS
 

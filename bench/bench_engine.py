@@ -32,7 +32,8 @@ from mlx_lm.utils import load_model
 
 from workbench.config import ArenaConfig
 from workbench.data import default_model, workload
-from workbench.engine.engine import Engine, cache_dir, parse_device
+from workbench.engine.engine import Engine, parse_device
+from workbench.fsutil import cache_dir
 from workbench.trace.recorder import TraceRecorder
 
 

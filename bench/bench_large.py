@@ -174,7 +174,7 @@ def main():
 
 def touched_bytes(trace, store) -> int:
     """Bytes of the distinct store experts the mapped trace routes to (its working set)."""
-    from workbench.io.replay import expert_map, layer_plan
+    from workbench.sim.ioreplay import expert_map, layer_plan
     from workbench.store.manifest import Manifest
     from workbench.trace.schema import read_trace
 

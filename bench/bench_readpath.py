@@ -10,7 +10,7 @@ import argparse
 import platform
 from pathlib import Path
 
-from workbench.engine.engine import cache_dir
+from workbench.fsutil import cache_dir
 from workbench.io.readpath import read_path_table
 
 
@@ -36,7 +36,7 @@ def slot_writes(store, n=64, reps=3):
     import numpy as np
 
     from workbench.arena.arena import Arena
-    from workbench.engine.counters import Counters
+    from workbench.arena.counters import Counters
     from workbench.hooks import Hooks
     from workbench.io.scheduler import IOScheduler
     from workbench.store.manifest import Manifest

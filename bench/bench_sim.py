@@ -3,10 +3,11 @@
     python bench/bench_sim.py [--lookups 1000000] [--arena 0.25] [--no-append]
 
 Builds a synthetic trace (48 layers x 128 experts, top-8, Zipf-like popularity per layer),
-replays it through lru/fifo/lfu (and the other engine policies at a smaller size), exports it
-as oracleGeneral and replays that with libCacheSim when it is importable (optional GPL
-extra: pip install libcachesim). Prints lookups/s, checks that miss counts agree, and
-appends a dated section to bench/RESULTS.md (unless --no-append).
+replays it through lru/fifo/lfu, exports it as oracleGeneral and replays that with libCacheSim
+when it is importable (optional GPL extra: pip install libcachesim). Then times every policy's
+hand-written ``replay()`` against the step-by-step protocol it is tested to equal (``Policy.replay``)
+on a smaller prefix. Prints lookups/s, checks that miss counts agree, and appends a dated section
+to bench/RESULTS.md (unless --no-append).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.analysis.bounds import belady_misses  # noqa: E402
 from workbench.arena.policies import make_policy  # noqa: E402
+from workbench.arena.policies.base import Policy  # noqa: E402
+from workbench.fsutil import atomic_write  # noqa: E402
+from workbench.sim.export import export_oraclegeneral  # noqa: E402
 from workbench.sim.replay import replay  # noqa: E402
 from workbench.sim.requests import parse_arena, requests_from_trace  # noqa: E402
-from workbench.trace.export import export_oraclegeneral  # noqa: E402
-from workbench.trace.schema import write_trace  # noqa: E402
+from workbench.trace.synthetic import routes_trace  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -45,18 +48,8 @@ def make_trace(path, lookups, n_layers=48, n_experts=128, top_k=8, seed=0, alpha
     g = np.log(w)[None, None, :] + rng.gumbel(size=(n_tokens, n_layers, n_experts))
     ranks = np.argsort(-g, axis=-1)[..., :top_k]
     sel = np.take_along_axis(np.broadcast_to(perms[None], (n_tokens, n_layers, n_experts)), ranks, axis=-1)
-    n_rows = n_tokens * n_layers
-    rows = {
-        "step": np.repeat(np.arange(1, n_tokens + 1), n_layers).tolist(),
-        "token": np.repeat(np.arange(n_tokens), n_layers).tolist(),
-        "phase": ["decode"] * n_rows,
-        "layer": np.tile(np.arange(n_layers), n_tokens).tolist(),
-        "selected": sel.reshape(n_rows, top_k).tolist(),
-        "weights": [[1.0 / top_k] * top_k] * n_rows,
-    }
-    meta = {"model_type": "synthetic-bench", "n_layers": n_layers, "n_experts": n_experts, "top_k": top_k,
-            "moe_layers": list(range(n_layers)), "expert_bytes": 1_179_648}
-    write_trace(path, rows, meta)
+    routes_trace(path, sel, n_experts, weights=np.full(sel.shape, 1.0 / top_k),
+                 meta={"model_type": "synthetic-bench", "expert_bytes": 1_179_648})
 
 
 def timed(fn, repeat=5, setup=None):
@@ -87,6 +80,8 @@ def main(argv=None):
     ap.add_argument("--lookups", type=int, default=1_000_000)
     ap.add_argument("--arena", default="0.25")
     ap.add_argument("--repeat", type=int, default=7, help="interleaved runs per policy (medians reported)")
+    ap.add_argument("--loop-lookups", type=int, default=20_000,
+                    help="lookups for each policy's replay() vs its step-by-step protocol")
     ap.add_argument("--no-append", action="store_true")
     args = ap.parse_args(argv)
 
@@ -158,12 +153,19 @@ def main(argv=None):
             print(f"{name:>8} {rate:16.2f} {'n/a':>23} {'':>9} {misses:12d}")
     e2e = len(keys) / end_to_end / 1e6
     print(f"end to end (read Parquet + flatten + LRU replay): {e2e:.2f} M lookups/s, hit rate {res.hit_rate:.4f}")
-    others = {}
-    small = keys[:200_000]
-    for name in ("slru", "twohit", "ds4", "static", "s3fifo"):
-        sec, _ = timed(lambda: make_policy(name, cap).replay(small), repeat=1)
-        others[name] = len(small) / sec / 1e6
-    print("other policies (200k lookups): " + ", ".join(f"{k} {v:.2f}" for k, v in others.items()) + " M lookups/s")
+    # each policy's hand-written replay() against the step-by-step protocol it must equal (Policy.replay,
+    # the SimCache protocol): a fast loop stays only where this shows it pays
+    small, loops = keys[:args.loop_lookups], []
+    for name in ("lru", "fifo", "lfu", "slru", "twohit", "ds4", "static", "s3fifo"):
+        f_t, s_t = [], []
+        for _ in range(3):
+            f_t.append(timed(lambda: make_policy(name, cap).replay(small), repeat=1)[0])
+            s_t.append(timed(lambda: Policy.replay(make_policy(name, cap), small), repeat=1)[0])
+        loops.append((name, len(small) / float(np.median(f_t)) / 1e6, len(small) / float(np.median(s_t)) / 1e6,
+                      float(np.median(np.array(s_t) / np.array(f_t)))))
+    print(f"{'policy':>8} {'replay() M/s':>13} {'step-by-step M/s':>17} {'speed-up':>9}   ({len(small)} lookups)")
+    for name, fast, slow, ratio in loops:
+        print(f"{name:>8} {fast:13.2f} {slow:17.3f} {ratio:8.1f}x")
 
     if not args.no_append:
         lines = [
@@ -184,12 +186,13 @@ def main(argv=None):
         for name, rate, lrate, ratio, m, lm in rows:
             lines.append(f"| {name} | {rate:.2f} | {'' if lrate is None else f'{lrate:.2f}'} | "
                          f"{'' if ratio is None else f'{ratio:.2f}'} | {m} | {'' if lm is None else lm} |")
-        lines += ["", f"End to end (read Parquet, flatten, LRU replay): {e2e:.2f} M lookups/s. "
-                  "Other engine policies, 200k lookups: " + ", ".join(f"{k} {v:.2f}" for k, v in others.items()) + " M lookups/s.", ""]
+        lines += ["", f"End to end (read Parquet, flatten, LRU replay): {e2e:.2f} M lookups/s.", "",
+                  f"Each policy's hand-written `replay()` loop against the step-by-step protocol it is tested to equal "
+                  f"(`Policy.replay`), first {len(small)} lookups, medians of 3 interleaved runs:", "",
+                  "| policy | replay() M lookups/s | step-by-step M lookups/s | speed-up |", "| --- | --- | --- | --- |"]
+        lines += [f"| {name} | {fast:.2f} | {slow:.3f} | {ratio:.1f}x |" for name, fast, slow, ratio in loops] + [""]
         text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-        tmpf = RESULTS.with_name(".RESULTS.md.tmp")
-        tmpf.write_text(text.rstrip("\n") + "\n" + "\n".join(lines))
-        os.replace(tmpf, RESULTS)
+        atomic_write(RESULTS, lambda tmp: Path(tmp).write_text(text.rstrip("\n") + "\n" + "\n".join(lines)))
         print(f"appended to {RESULTS}")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.config import AheadConfig, ArenaConfig  # noqa: E402
-from workbench.sim.synth import synthetic_trace  # noqa: E402
+from workbench.trace.synthetic import synthetic_trace  # noqa: E402
 from workbench.sim.vtime import Timing, simulate  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.sim.sweep import Grid, open_client, sweep  # noqa: E402
-from workbench.sim.synth import synthetic_trace  # noqa: E402
+from workbench.trace.synthetic import synthetic_trace  # noqa: E402
 
 
 def main():

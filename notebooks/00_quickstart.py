@@ -35,7 +35,6 @@ small = False       # CI preset (fewer tokens)
 
 # %%
 from workbench.arena.policies import POLICIES, load_all
-from workbench.cli import summary_table
 from workbench.config import ArenaConfig
 from workbench.engine.engine import Engine
 from workbench.hooks import run_with_hooks
@@ -45,6 +44,7 @@ from workbench.viz import display as wb
 from workbench.viz.headline import headline
 from workbench.viz.panel import panel, stream
 from workbench.viz.session import default_prompt, model_path
+from workbench.viz.tables import summary_table
 
 wb.setup()
 load_all()

@@ -54,10 +54,10 @@ small = False       # CI preset (fewer tokens, one prompt per domain)
 import numpy as np
 import pandas as pd
 
-from workbench.cli_policy import compare
+from workbench.analysis.compare import compare
 from workbench.config import AheadConfig, ArenaConfig
 from workbench.engine.engine import Engine
-from workbench.routing.rank import moce_select, topk
+from workbench.routing.rank import cache_aware_select, topk
 from workbench.viz import controls as ui
 from workbench.viz import counter_charts
 from workbench.viz import display as wb
@@ -83,7 +83,7 @@ print(f"model: {model_dir} (top-{k})")
 z = -0.1 * np.arange(32)
 resident = np.zeros(32, bool)
 resident[6:20] = True
-raw, aware = topk(z, 6), moce_select(z, resident, 6, p=3, b=0.85)
+raw, aware = topk(z, 6), cache_aware_select(z, resident, 6, p=3, b=0.85)
 pd.DataFrame({"ranking": ["raw top-6", "cache-aware (p=3, b=0.85)"],
               "experts": [sorted(raw.tolist()), sorted(aware.tolist())],
               "to read": [sorted(e for e in raw.tolist() if not resident[e]),
@@ -101,12 +101,12 @@ OUTCOMES = ["useful_timely", "useful_late", "completed_unused", "partially_read"
 def variants(b, p, r1, arena, lookahead):
     """Engine settings of each configuration: layer read-ahead, one ranking and routing mode each."""
     lru, twohit = ArenaConfig(f"{arena:.4f}"), ArenaConfig(f"{arena:.4f}", "twohit")
-    v = {"UNPERT1": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="unpert1")),
-         "UNPERT0": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="unpert0", moce_bonus=b))}
+    v = {"UNPERT1": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="raw")),
+         "UNPERT0": dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="resident_bonus", moce_bonus=b))}
     if b > 0:  # route with b <= 0 is the plain router: nothing to compare
-        v["route"] = dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="route", moce_protect=p,
+        v["route"] = dict(arena=lru, ahead=AheadConfig("layer", lookahead, mode="cache_aware", moce_protect=p,
                                                        moce_bonus=b, moce_r1=r1))
-    v["twohit"] = dict(arena=twohit, ahead=AheadConfig("layer", lookahead, mode="unpert1"))
+    v["twohit"] = dict(arena=twohit, ahead=AheadConfig("layer", lookahead, mode="raw"))
     return v
 
 

@@ -172,8 +172,8 @@ wb.show(charts.hit_curve_chart(hc.astype({"layer": str}), x="slots", y="hit_rate
 import tempfile
 from pathlib import Path
 
+from workbench.sim.export import export_oraclegeneral
 from workbench.sim.replay import replay_keys
-from workbench.trace.export import export_oraclegeneral
 
 try:
     import libcachesim as lcs

@@ -5,7 +5,7 @@ import pytest
 
 from workbench.analysis.calibration import (ClaimModel, calibration_scores, candidate_table, fit_claim_model,
                                             precision_table, reliability_table)
-from workbench.analysis.synthetic import routes_trace
+from workbench.trace.synthetic import routes_trace
 
 E, K = 16, 4
 P_RANK = [0.9, 0.7, 0.5, 0.3, 0.15, 0.05]

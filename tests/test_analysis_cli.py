@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from workbench import cli_analysis
-from workbench.analysis.synthetic import periodic_routes, routes_trace
+from workbench.trace.synthetic import periodic_routes, routes_trace
 
 
 def run(argv):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from workbench.analysis.gates import drop_weakest_error, gate_by_slot, gate_slot_mean, mlx_expert_outputs
-from workbench.analysis.synthetic import routes_trace
+from workbench.trace.synthetic import routes_trace
 
 
 def test_gate_by_slot_sorts_and_normalizes(tmp_path):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from workbench.analysis.lookahead import Router, lookahead_recovery, lookahead_summary, routers_from_model
-from workbench.analysis.synthetic import routes_trace
+from workbench.trace.synthetic import routes_trace
 
 E, D, K = 16, 12, 4
 

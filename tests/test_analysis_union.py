@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from workbench.analysis.synthetic import periodic_routes, routes_trace
+from workbench.trace.synthetic import periodic_routes, routes_trace
 from workbench.analysis.union import (REFERENCE_UNION, break_even, ceiling, expected_tokens, fit_union_slope,
                                       mtp_reference_check, parse_union_table, speedup_bound, speedup_grid,
                                       union_by_window, union_model)

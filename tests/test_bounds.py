@@ -10,7 +10,7 @@ from workbench.analysis.bounds import (allocate_slots, belady, belady_misses, hi
                                        next_use, stack_distances)
 from workbench.arena.policies import POLICIES, load_all
 from workbench.sim.replay import replay_keys
-from workbench.sim.synth import synthetic_trace
+from workbench.trace.synthetic import synthetic_trace
 
 load_all()
 

@@ -92,9 +92,9 @@ def test_cli_flags_map_onto_the_configs():
 
 
 def test_old_spellings_of_mode_are_hidden_aliases():
-    assert engine_config(_run_args("--unpert", "0"))["ahead"].mode == "unpert0"
-    assert engine_config(_run_args("--unpert", "1"))["ahead"].mode == "unpert1"
-    assert engine_config(_run_args("--route"))["ahead"].mode == "route"
+    assert engine_config(_run_args("--unpert", "0"))["ahead"].mode == "resident_bonus"
+    assert engine_config(_run_args("--unpert", "1"))["ahead"].mode == "raw"
+    assert engine_config(_run_args("--route"))["ahead"].mode == "cache_aware"
     with pytest.raises(SystemExit):
         _run_args("--unpert", "2")
     helps = build_parser()._subparsers._group_actions[0].choices
@@ -166,7 +166,7 @@ def test_engine_takes_the_configs_and_refuses_other_types(tiny):
 
 
 def test_ioreplay_refuses_ahead_settings_it_cannot_replay(tiny, tmp_path):
-    from workbench.io.replay import replay_io
+    from workbench.sim.ioreplay import replay_io
 
     _, store = tiny("qwen3_moe", 4, **SHAPE)
     with pytest.raises(ValueError, match="use workbench simulate"):

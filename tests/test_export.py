@@ -17,10 +17,10 @@ import pytest
 
 from workbench.analysis.bounds import belady_misses
 from workbench.cli import main as cli
+from workbench.sim.export import export, export_csv, export_oraclegeneral, read_oraclegeneral, request_frame
 from workbench.sim.replay import replay
 from workbench.sim.requests import requests_from_trace
-from workbench.sim.synth import synthetic_trace
-from workbench.trace.export import export, export_csv, export_oraclegeneral, read_oraclegeneral, request_frame
+from workbench.trace.synthetic import synthetic_trace
 
 EB = 1_179_648  # a MiniMax-like 1.18 MB expert blob
 

@@ -222,7 +222,7 @@ def test_three_runs_packing_one_model_into_one_cache_all_succeed(model_dir, tmp_
 # ---- modes and hints ----------------------------------------------------------------------------
 
 def test_store_trace_and_report_dirs_follow_the_umask(model_dir, tmp_path):
-    from workbench.trace.schema import atomic_write
+    from workbench.fsutil import atomic_write
 
     old = os.umask(0o022)
     try:

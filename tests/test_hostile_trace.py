@@ -214,7 +214,7 @@ def test_subprocess_io_workers(recorded):
 
 
 def test_replay_moce_bonus_and_sizes_share_one_parser(recorded, capsys):
-    from workbench.engine.arena_size import arena_slots, parse_bytes
+    from workbench.sizes import arena_slots, parse_bytes
 
     assert parse_bytes("2GB") == 2 * 10**9 and parse_bytes("2GiB") == 2 * 2**30 and parse_bytes("2 gib") == 2**31
     assert parse_bytes("512") == 512 and parse_bytes("1.5KB") == 1500

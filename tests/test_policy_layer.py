@@ -61,11 +61,12 @@ def test_successor_reads_save_recomputes(store):
 
 def test_oracle_prefetch_removes_sync_misses(store, tmp_path):
     from workbench.trace.recorder import TraceRecorder
+    from workbench.trace.schema import read_trace
 
     path = tmp_path / "oracle.parquet"
     with Engine(store[1], arena="0.5", progress=False) as eng:
         plain = eng.generate(PROMPT, max_tokens=12, trace=TraceRecorder(path))
-    res = _run(store, arena="0.5", predictor="oracle", lookahead=1, oracle_trace=path)
+    res = _run(store, arena="0.5", predictor="oracle", lookahead=1, oracle_trace=read_trace(path))
     assert res.tokens == plain.tokens
     assert res.stats["sync_misses"] < plain.stats["sync_misses"]
     assert res.stats["prefetch"]["completed_unused"] == 0  # the oracle never reads what is not claimed
@@ -78,6 +79,7 @@ def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes
     prefetch hits, and the output stays exact in both slot-write modes (direct writes never evict
     a slot that the token already running on the device reads)."""
     from workbench.trace.recorder import TraceRecorder
+    from workbench.trace.schema import read_trace
 
     path = tmp_path / "oracle.parquet"
     ref, ref_lp = resident_greedy(store[0], PROMPT, 16)
@@ -85,7 +87,7 @@ def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes
         plain = eng.generate(PROMPT, max_tokens=16, trace=TraceRecorder(path))
     runs = {}
     for predictor in ("oracle", "prev"):
-        ahead = AheadConfig(predictor=predictor, lookahead=1, oracle_trace=str(path) if predictor == "oracle" else None)
+        ahead = AheadConfig(predictor=predictor, lookahead=1, oracle_trace=read_trace(path) if predictor == "oracle" else None)
         with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), io=IOConfig(workers=4), ahead=ahead,
                     decode="optimistic", progress=False) as eng:
             res = runs[predictor] = eng.generate(PROMPT, max_tokens=16)

@@ -1,4 +1,4 @@
-"""Cache-aware ranking (moce), ahead() candidate ranking and admission gates."""
+"""Cache-aware ranking, ahead() candidate ranking and admission gates."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from workbench.routing.gates import ConfidenceGate, make_gate
-from workbench.routing.rank import ahead_candidates, moce_select, moce_weights, topk
+from workbench.routing.rank import ahead_candidates, cache_aware_select, cache_aware_weights, topk
 
 Z = -0.1 * np.arange(32)
 R = np.zeros(32, dtype=bool)
@@ -17,14 +17,19 @@ R[6:20] = True
 def test_constructed_check_from_design():
     """z_e = -0.1 e, residents 6..19, p=3, b=0.85, K=6."""
     assert set(topk(Z, 6).tolist()) == set(range(6))
-    picks = moce_select(Z, R, 6, p=3, b=0.85)
+    picks = cache_aware_select(Z, R, 6, p=3, b=0.85)
     assert picks.tolist() == [0, 1, 2, 6, 7, 8]
     need_reading = [e for e in picks.tolist() if not R[e]]
     assert need_reading == [0, 1, 2]
-    # ahead(): unpert1 reads the raw top-6 minus mapped; unpert0 and route only {0, 1, 2}
-    assert ahead_candidates(Z, R, 6, mode="unpert1").tolist() == [0, 1, 2, 3, 4, 5]
-    assert ahead_candidates(Z, R, 6, mode="unpert0").tolist() == [0, 1, 2]
-    assert ahead_candidates(Z, R, 6, mode="route", p=3, b=0.85).tolist() == [0, 1, 2]
+    # ahead(): raw reads the top-6 minus mapped; resident_bonus and cache_aware only {0, 1, 2}
+    assert ahead_candidates(Z, R, 6, mode="raw").tolist() == [0, 1, 2, 3, 4, 5]
+    assert ahead_candidates(Z, R, 6, mode="resident_bonus").tolist() == [0, 1, 2]
+    assert ahead_candidates(Z, R, 6, mode="cache_aware", p=3, b=0.85).tolist() == [0, 1, 2]
+    # the seed's names (UNPERT=1, UNPERT=0, route) still name the same rankings
+    for seed, name in (("unpert1", "raw"), ("unpert0", "resident_bonus"), ("route", "cache_aware")):
+        assert ahead_candidates(Z, R, 6, mode=seed).tolist() == ahead_candidates(Z, R, 6, mode=name).tolist()
+    with pytest.raises(ValueError, match="unknown ahead mode 'unpert2'"):
+        ahead_candidates(Z, R, 6, mode="unpert2")
 
 
 @settings(max_examples=60, deadline=None)
@@ -35,36 +40,36 @@ def test_nonpositive_bonus_is_exactly_plain_topk(z, data):
     mask = np.array(data.draw(st.lists(st.booleans(), min_size=E, max_size=E)))
     b = data.draw(st.sampled_from([0.0, -0.5]))
     r1 = data.draw(st.sampled_from([0.0, 0.3]))
-    assert moce_select(z, mask, k, p=data.draw(st.integers(0, 5)), b=b, r1=r1).tolist() == topk(z, k).tolist()
-    assert ahead_candidates(z, mask, k, mode="route", b=b).tolist() == ahead_candidates(z, mask, k, mode="unpert1").tolist()
+    assert cache_aware_select(z, mask, k, p=data.draw(st.integers(0, 5)), b=b, r1=r1).tolist() == topk(z, k).tolist()
+    assert ahead_candidates(z, mask, k, mode="cache_aware", b=b).tolist() == ahead_candidates(z, mask, k, mode="raw").tolist()
 
 
 def test_ties_break_by_expert_id():
     z = np.zeros(8)
     assert topk(z, 3).tolist() == [0, 1, 2]
     mask = np.array([0, 1, 0, 1, 0, 0, 0, 1], dtype=bool)
-    assert moce_select(z, mask, 4, p=1, b=0.5).tolist() == [0, 1, 3, 7]
-    assert moce_select(z, mask, 4, p=0, b=0.5).tolist() == [1, 3, 7, 0]
+    assert cache_aware_select(z, mask, 4, p=1, b=0.5).tolist() == [0, 1, 3, 7]
+    assert cache_aware_select(z, mask, 4, p=0, b=0.5).tolist() == [1, 3, 7, 0]
 
 
 def test_protected_width_and_r1():
     z = np.array([1.0, 0.9, 0.8, 0.7, 0.0])
     mask = np.array([0, 0, 1, 0, 1], dtype=bool)
     # p=1: after the top pick, the resident bonus lifts 2 above 1 and 4 above 3
-    assert moce_select(z, mask, 4, p=1, b=0.85).tolist() == [0, 2, 1, 4]
+    assert cache_aware_select(z, mask, 4, p=1, b=0.85).tolist() == [0, 2, 1, 4]
     # r1 lifts a resident within the protected picks: z+0.3R = [1, .9, 1.1, .7, .3]
-    assert moce_select(z, mask, 2, p=2, b=0.85, r1=0.3).tolist() == [2, 0]
+    assert cache_aware_select(z, mask, 2, p=2, b=0.85, r1=0.3).tolist() == [2, 0]
     # p >= k: every pick is protected, plain top-k without r1
-    assert moce_select(z, mask, 3, p=5, b=0.85).tolist() == [0, 1, 2]
+    assert cache_aware_select(z, mask, 3, p=5, b=0.85).tolist() == [0, 1, 2]
 
 
 def test_batch_rows_match_single_rows():
     rng = np.random.default_rng(0)
     z = rng.normal(size=(5, 16))
     mask = rng.random(16) < 0.4
-    batch = moce_select(z, mask, 6, p=2, b=0.7, r1=0.1)
+    batch = cache_aware_select(z, mask, 6, p=2, b=0.7, r1=0.1)
     for i in range(5):
-        assert batch[i].tolist() == moce_select(z[i], mask, 6, p=2, b=0.7, r1=0.1).tolist()
+        assert batch[i].tolist() == cache_aware_select(z[i], mask, 6, p=2, b=0.7, r1=0.1).tolist()
 
 
 def test_ahead_merges_batch_by_best_rank_then_id_and_skips_mapped():
@@ -73,22 +78,22 @@ def test_ahead_merges_batch_by_best_rank_then_id_and_skips_mapped():
     z[1, [4, 1, 6]] = [3, 2, 1]  # row 1 ranks 4, 1, 6
     mapped = np.zeros(8, dtype=bool)
     mapped[6] = True
-    got = ahead_candidates(z, mapped, 3, mode="unpert1")
+    got = ahead_candidates(z, mapped, 3, mode="raw")
     assert got.tolist() == [4, 5, 1, 2]  # rank 0: {4, 5}; rank 1: {1}; rank 2: {2, 6 mapped}
 
 
-def test_moce_weights_use_unboosted_probs():
+def test_cache_aware_weights_use_unboosted_probs():
     probs = np.array([0.4, 0.3, 0.2, 0.1])
-    w = moce_weights(probs, np.array([0, 3]))
+    w = cache_aware_weights(probs, np.array([0, 3]))
     assert np.allclose(w, [0.8, 0.2])
-    assert np.allclose(moce_weights(probs, np.array([0, 3]), normalize=False), [0.4, 0.1])
+    assert np.allclose(cache_aware_weights(probs, np.array([0, 3]), normalize=False), [0.4, 0.1])
 
 
 def test_bad_inputs_are_clear():
     with pytest.raises(ValueError, match="k must be"):
-        moce_select(Z, R, 40)
+        cache_aware_select(Z, R, 40)
     with pytest.raises(ValueError, match="mask"):
-        moce_select(Z, R[:5], 4)
+        cache_aware_select(Z, R[:5], 4)
     with pytest.raises(ValueError, match="unknown ahead mode"):
         ahead_candidates(Z, R, 4, mode="fast")
 

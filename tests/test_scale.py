@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.io.replay import layer_plan
-from workbench.sim.synth import synthetic_trace
+from workbench.sim.ioreplay import layer_plan
+from workbench.trace.synthetic import synthetic_trace
 from workbench.store.manifest import ALIGN, EXPERTS, MANIFEST, Manifest
 from workbench.store.synth import resolve_shape, store_bytes, synth_store
 
@@ -210,7 +210,7 @@ def test_sweep_unreachable_scheduler_is_one_line(traces, tmp_path, capsys):
 
 def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
     """The default path (a LocalCluster started by the sweep); arenas in every accepted form; ioreplay cells."""
-    from workbench.engine.arena_size import arena_slots
+    from workbench.sizes import arena_slots
     from workbench.sim.sweep import load_sweep
 
     grid = tmp_path / "grid.yaml"

@@ -9,7 +9,7 @@ from workbench.cli import main as cli
 from workbench.config import AheadConfig, ArenaConfig
 from workbench.sim.replay import NotReplayableError, replay, replay_grid, replay_keys
 from workbench.sim.requests import parse_arena, requests_from_trace
-from workbench.sim.synth import synthetic_trace
+from workbench.trace.synthetic import synthetic_trace
 from workbench.sim.vtime import OUTCOMES, Timing, simulate
 from workbench.trace.schema import TraceError, write_trace
 
@@ -193,8 +193,8 @@ def test_vtime_wrong_predictions_outcomes(tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["lru", "twohit", "ds4", "s3fifo"])
-@pytest.mark.parametrize("pred,mode,gate", [("oracle", "unpert1", "none"), ("d1", "route", "confidence"),
-                                            ("d2", "unpert0", "none"), ("d1", "unpert1", "cost")])
+@pytest.mark.parametrize("pred,mode,gate", [("oracle", "raw", "none"), ("d1", "cache_aware", "confidence"),
+                                            ("d2", "resident_bonus", "none"), ("d1", "unpert1", "cost")])
 def test_vtime_accounting_invariants(tmp_path, policy, pred, mode, gate):
     p = tmp_path / "s.parquet"
     synthetic_trace(p, n_tokens=12, n_layers=4, n_experts=16, top_k=2, kind="sticky", predictors=(1, 2), with_logits=True)

@@ -4,7 +4,7 @@ replay a trace through the same rules as the engine."""
 from test_sim import _trace
 from workbench.arena.arena import OUTCOMES
 from workbench.config import AheadConfig, ArenaConfig, IOConfig
-from workbench.io.replay import replay_io
+from workbench.sim.ioreplay import replay_io
 from workbench.sim.vtime import Timing, simulate
 
 
@@ -68,7 +68,7 @@ def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
     """One recorded run with per-layer read-ahead, through the live engine, ``replay_io`` and
     ``simulate``, every prefetch timely: the same counters per (step, layer) and the same
     residency after every token."""
-    from workbench.engine.counters import Counters
+    from workbench.arena.counters import Counters
     from workbench.engine.engine import Engine
     from workbench.hooks import Hooks
     from workbench.trace.recorder import TraceRecorder

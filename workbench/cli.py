@@ -49,12 +49,13 @@ def add_ahead_args(g, live: bool) -> None:
     default = "1" if live else "from the predictor's name: dN, 1 for oracle, one token for prev"
     g.add_argument("--lookahead", type=int, default=None, help=f"distance D in MoE layers ahead (default {default}); "
                                                                "without --predictor it implies --predictor layer")
-    g.add_argument("--mode", default="unpert1", help="unpert1: exact router, raw top-k read-ahead | unpert0: "
-                   "cache-aware router p=3 (approximate) | route: cache-aware router with --moce-* (approximate)"
+    g.add_argument("--mode", default="raw", help="raw: exact router, raw top-k read-ahead | resident_bonus: "
+                   "cache-aware router p=3 (approximate) | cache_aware: cache-aware router with --moce-* (approximate); "
+                   "the seed's names unpert1 | unpert0 | route also work"
                    + ("" if live else "; here it only ranks read-ahead candidates"))
     if live:  # deprecated spellings of --mode, kept for old command lines
         g.add_argument("--unpert", dest="mode", type=_unpert_mode, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-        g.add_argument("--route", dest="mode", action="store_const", const="route", default=argparse.SUPPRESS,
+        g.add_argument("--route", dest="mode", action="store_const", const="cache_aware", default=argparse.SUPPRESS,
                        help=argparse.SUPPRESS)
     g.add_argument("--ahead-width", type=int, default=None, help="candidates ranked per target layer (default top-k)")
     if live:
@@ -67,17 +68,19 @@ def add_ahead_args(g, live: bool) -> None:
 
 def _unpert_mode(text: str) -> str:
     if text not in ("0", "1"):
-        raise argparse.ArgumentTypeError(f"--unpert must be 0 or 1, got {text!r} (deprecated: use --mode unpert1|unpert0)")
-    return f"unpert{text}"
+        raise argparse.ArgumentTypeError(f"--unpert must be 0 or 1, got {text!r} (deprecated: use --mode raw|resident_bonus)")
+    return {"1": "raw", "0": "resident_bonus"}[text]
 
 
 def ahead_config(args):
     """The AheadConfig the read-ahead flags describe."""
     from .config import AheadConfig
+    from .trace.schema import read_trace
 
+    oracle = getattr(args, "oracle_trace", None)
     return AheadConfig(predictor=args.predictor, lookahead=args.lookahead, width=args.ahead_width, mode=args.mode,
                        moce_bonus=args.moce_bonus, moce_protect=args.moce_protect, moce_r1=args.moce_r1, gate=args.gate,
-                       oracle_trace=getattr(args, "oracle_trace", None))
+                       oracle_trace=read_trace(oracle) if oracle else None)
 
 
 def arena_config(args, **extra):
@@ -111,7 +114,8 @@ def cmd_pack(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from .store.cache import cache_dir, list_stores, remove_store
+    from .fsutil import cache_dir
+    from .store.cache import list_stores, remove_store
 
     if args.action == "path":
         print(cache_dir())
@@ -165,6 +169,7 @@ def cmd_run(args) -> int:
     from .store.cache import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
+    from .viz.tables import speculative_table, summary_table
 
     name = args.model_flag or args.model
     if name is None:
@@ -226,48 +231,6 @@ def cmd_run(args) -> int:
         if "speculative" in stats:
             print(speculative_table(stats))
     return 0
-
-
-def speculative_table(s: dict) -> str:
-    sp = s["speculative"]
-    rows = [
-        ("draft tokens", f"{sp['num_draft_tokens']} per pass, {sp['verify_passes']} verify passes, "
-                         f"{sp['tokens_per_pass']:.2f} tokens per pass"),
-        ("acceptance", f"{sp['accepted']} / {sp['drafted']} drafted tokens ({sp['acceptance']:.1%})"),
-        ("per verify pass", f"{sp['union_experts_per_pass']:.1f} experts claimed (union over the pass; "
-                            f"{sp['experts_per_plain_token']} per plain token), {sp['experts_read_per_pass']:.1f} read, "
-                            f"{sp['bytes_read_per_pass'] / 1e6:.3f} MB"),
-        ("draft / verify", f"{sp['draft_s']:.3f} s / {sp['verify_s']:.3f} s"),
-    ]
-    if "plain" in sp:
-        pl = sp["plain"]
-        rows.append(("vs plain streaming", f"{s['tokens_per_s']:.2f} vs {pl['tokens_per_s']:.2f} tokens/s "
-                                           f"({pl['speedup']:.2f}x, one run each), {s['bytes_per_token'] / 1e6:.3f} vs "
-                                           f"{pl['bytes_per_token'] / 1e6:.3f} MB/token"))
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def summary_table(s: dict) -> str:
-    pf = s["prefetch"]
-    rows = [
-        ("tokens", f"{s['tokens']} ({s['distinct_tokens']} distinct)"),
-        ("tokens/s", f"{s['tokens_per_s']:.2f} (median {s['median_token_ms']:.2f} ms/token)"),
-        ("arena", f"{s['arena_slots']} of {s['routed_experts']} experts ({s['expert_bytes'] / 1e6:.3f} MB each)"),
-        ("hits / misses", f"{s['hits']} / {s['misses']} (hit rate {s['hit_rate']:.1%}), {s['evictions']} evictions"),
-        ("page-cache hits", "n/a (reads bypass the page cache)" if s["page_cache_hits"] is None
-                            else f"{s['page_cache_hits']} of the misses were already in the OS page cache"),
-        ("bytes read", f"{s['bytes_read'] / 1e6:.2f} MB ({s['bytes_per_token'] / 1e6:.3f} MB/token)"),
-        ("io wait / compute", f"{s['io_wait_s']:.3f} s / {s['compute_s']:.3f} s"),
-        ("prefetch", ", ".join(f"{k} {v}" for k, v in pf.items())),
-        ("decode", f"{s.get('optimistic_tokens', 0)} of {s['tokens']} tokens optimistic (one sync each), "
-                   f"{s.get('recomputes', 0)} recomputes over {s.get('recomputed_layers', 0)} layers"),
-        ("prefill", f"hits {s['prefill']['hits']}, misses {s['prefill']['misses']}, "
-                    f"{s['prefill']['bytes_read'] / 1e6:.2f} MB"),
-        ("residency hash", s["residency_hash"]),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def cmd_demo(args) -> int:

@@ -57,7 +57,7 @@ def _err(msg: str) -> int:
 
 
 def _parse_size(text: str) -> int:
-    from workbench.engine.arena_size import parse_bytes  # GB = 1e9, GiB = 2^30, as everywhere
+    from workbench.sizes import parse_bytes  # GB = 1e9, GiB = 2^30, as everywhere
 
     return parse_bytes(text)
 
@@ -72,7 +72,7 @@ def _print_table(df, title: str) -> None:
 
 
 def _write(out: Path, name: str, table, chart, no_chart: bool) -> list[Path]:
-    from workbench.trace.schema import atomic_write
+    from workbench.fsutil import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     csv = out / f"{name}.csv"

@@ -7,43 +7,15 @@ import json
 import shlex
 
 DEFAULT_VARIANTS = (
-    "unpert1=--predictor layer --mode unpert1",
-    "unpert0=--predictor layer --mode unpert0",
-    "route=--predictor layer --mode route",
-    "twohit=--predictor layer --mode unpert1 --policy twohit",
+    "unpert1=--predictor layer --mode raw",
+    "unpert0=--predictor layer --mode resident_bonus",
+    "route=--predictor layer --mode cache_aware",
+    "twohit=--predictor layer --mode raw --policy twohit",
 )
 ROWS = ("tokens_per_s", "hit_rate", "hits", "misses", "sync_misses", "evictions", "bytes_per_token",
         "prefetch.issued", "prefetch.cancelled_before_read", "prefetch.partially_read", "prefetch.completed_unused",
         "prefetch.useful_late", "prefetch.useful_timely", "same_tokens", "mean_kl", "ppl_exact", "ppl_approx",
         "residency_hash")
-
-
-def compare(model, prompt, max_tokens, variants: dict, progress=True) -> list[dict]:
-    """Run each variant (name -> Engine keyword arguments: ``arena=ArenaConfig(...)``,
-    ``ahead=AheadConfig(...)``, ...) on the same prompt; the first variant is the reference for
-    output identity, and exact decoding is the reference for quality cost."""
-    from .engine.engine import Engine
-    from .engine.quality import quality_cost
-    from .store.cache import resolve_store
-
-    store = resolve_store(model, progress=progress)
-    out, exact_lp, ref_tokens = [], None, None
-    for name, kw in variants.items():
-        with Engine(store, progress=progress, **kw) as eng:
-            res = eng.generate(prompt, max_tokens=max_tokens, progress=progress)
-            seq = res.prompt + res.tokens
-            if exact_lp is None:
-                with eng.routing():
-                    exact_lp = eng.score(seq)
-                exact_tokens = seq
-            approx_lp = eng.score(exact_tokens)
-        s = dict(res.stats)
-        s.update(quality_cost(exact_lp, approx_lp, exact_tokens))
-        ref_tokens = ref_tokens or res.tokens
-        s["same_tokens"] = res.tokens == ref_tokens
-        s["name"], s["tokens_out"] = name, res.tokens
-        out.append(s)
-    return out
 
 
 def variant_configs(model, specs, common) -> dict:
@@ -76,6 +48,7 @@ def table(results) -> str:
 
 
 def cmd_compare(args) -> int:
+    from .analysis.compare import compare
     from .cli import parse_ids
     from .data import default_model
 
@@ -93,7 +66,7 @@ def cmd_compare(args) -> int:
 def cmd_ioreplay(args) -> int:
     from .cli import arena_config
     from .config import AheadConfig, IOConfig
-    from .io.replay import replay_io
+    from .sim.ioreplay import replay_io
 
     stats = replay_io(args.trace, args.store, arena=arena_config(args),
                       io=IOConfig(workers=args.io_workers, reserved=args.io_reserved, mode=args.io_mode, verify="never"),

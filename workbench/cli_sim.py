@@ -151,7 +151,7 @@ def simulate_config(args):
 
 
 def cmd_export(args) -> int:
-    from .trace.export import export
+    from .sim.export import export
     from .trace.schema import TraceError
 
     try:

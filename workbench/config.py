@@ -14,19 +14,31 @@ slot-write names) are checked there, when the arena or gate is built.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from .checks import io_workers, is_whole, real, whole
-from .engine.arena_size import check_arena
+from .sizes import check_arena
 
 READ_MODES = ("buffered", "dontneed", "direct", "nocache")
 # always: every read is checksummed. changed: a blob is checksummed on its first read and again
 # whenever experts.bin's size or mtime differs from when it was last checked (one fstat per read).
 # first: only the first read of each blob. never: no checksums.
 VERIFY_MODES = ("always", "changed", "first", "never")
-# read-ahead ranking and routing: unpert1 exact router, raw top-k of predicted logits; unpert0
-# cache-aware router with p=3 and no r1 (approximate); route cache-aware router with p, b, r1
-AHEAD_MODES = ("unpert1", "unpert0", "route")
+# read-ahead ranking and routing: raw exact router, raw top-k of predicted logits; resident_bonus
+# cache-aware router with p=3 and no r1 (approximate); cache_aware cache-aware router with p, b, r1.
+# The seed's audit calls them UNPERT=1, UNPERT=0 and route; those spellings are accepted too.
+AHEAD_MODES = ("raw", "resident_bonus", "cache_aware")
+SEED_MODE_NAMES = {"unpert1": "raw", "unpert0": "resident_bonus", "route": "cache_aware"}
+
+
+def ahead_mode(mode) -> str:
+    """The ranking mode ``mode`` names (one of ``AHEAD_MODES``, or the seed's name for it)."""
+    name = SEED_MODE_NAMES.get(mode, mode) if isinstance(mode, str) else mode
+    if name not in AHEAD_MODES:
+        raise ValueError(f"unknown ahead mode {mode!r} (--mode); valid: {', '.join(AHEAD_MODES)} "
+                         f"(the seed's {', '.join(SEED_MODE_NAMES)} also work)")
+    return name
 
 
 def _choice(what, flag, value, valid):
@@ -37,7 +49,7 @@ def _choice(what, flag, value, valid):
 @dataclass(frozen=True)
 class ArenaConfig:
     """``size``: a fraction (0.25), percentage (25%), slot count (64) or size (2GB, 2GiB); see
-    ``engine.arena_size``. ``policy``: an eviction policy name (simulate also takes a Policy class
+    ``workbench.sizes``. ``policy``: an eviction policy name (simulate also takes a Policy class
     or instance). ``policy_options``: e.g. ``{"hotlist": "hot.txt"}``. ``writes``: direct | staged
     (engine; default by backend). ``preload``: auto reads every expert at open when the arena holds
     them all, True / False force it (engine); simulate preloads the policy's hotlist unless False."""
@@ -95,18 +107,19 @@ class AheadConfig:
     simulate: from the predictor's name). ``width``: candidates ranked per target layer (default
     top-k). ``mode``: one of ``AHEAD_MODES``; ``moce_bonus`` / ``moce_protect`` / ``moce_r1``: the
     cache-aware ranking's b, p and r1. ``gate``: admission gate (none | confidence | cost) with
-    ``gate_options``. ``oracle_trace``: a trace of the same prompt for the engine's oracle."""
+    ``gate_options``. ``oracle_trace``: the recorded Trace of the same prompt for the engine's oracle
+    (``trace.schema.read_trace(path)``; the command line reads ``--oracle-trace``)."""
 
     predictor: str | None = None
     lookahead: int | None = None
     width: int | None = None
-    mode: str = "unpert1"
+    mode: str = "raw"
     moce_bonus: float = 0.85
     moce_protect: int = 3
     moce_r1: float = 0.0
     gate: str = "none"
     gate_options: dict | None = None
-    oracle_trace: str | None = None
+    oracle_trace: object = None
 
     def __post_init__(self):
         if self.predictor is not None and (not isinstance(self.predictor, str) or not self.predictor.strip()):
@@ -118,18 +131,21 @@ class AheadConfig:
             raise ValueError(f"--lookahead {self.lookahead} reads ahead but --predictor is none; "
                              "drop --predictor none (a lookahead implies --predictor layer)")
         whole("--ahead-width", self.width, 1, none_ok=True)
-        _choice("ahead mode", "--mode", self.mode, AHEAD_MODES)
+        object.__setattr__(self, "mode", ahead_mode(self.mode))
         real("--moce-bonus", self.moce_bonus, 0)
         whole("--moce-protect", self.moce_protect, 0)
         real("--moce-r1", self.moce_r1, 0)
-        if self.mode == "route" and not self.moce_bonus > 0:
-            raise ValueError(f"--mode route with --moce-bonus {self.moce_bonus} <= 0 is the plain router; "
-                             "give a bonus > 0 or use --mode unpert1")
+        if self.mode == "cache_aware" and not self.moce_bonus > 0:
+            raise ValueError(f"--mode cache_aware with --moce-bonus {self.moce_bonus} <= 0 is the plain router; "
+                             "give a bonus > 0 or use --mode raw")
         if not isinstance(self.gate, str):
             raise ValueError(f"--gate must be a name (none, confidence, cost), got {self.gate!r}")
         if self.gate != "none" and not self.reads_ahead:
             raise ValueError(f"--gate {self.gate} filters read-ahead candidates: also give --predictor "
                              "(layer, prev or oracle) or --lookahead")
+        if isinstance(self.oracle_trace, (str, os.PathLike)):
+            raise ValueError(f"oracle_trace must be the recorded Trace, not the path {str(self.oracle_trace)!r}: "
+                             "pass workbench.trace.schema.read_trace(path)")
         if self.gate_options is not None and not isinstance(self.gate_options, dict):
             raise ValueError(f"gate_options must be a dict, got {self.gate_options!r}")
 

@@ -15,7 +15,7 @@ def default_model() -> Path:
     """The shipped reference model; until it exists, a seeded random qwen3_moe built on first use."""
     if (REFERENCE / "config.json").exists():
         return REFERENCE
-    from .store.cache import cache_dir
+    from .fsutil import cache_dir
     from .randmodel import make_random_model
 
     path = cache_dir() / "models" / "random-qwen3-moe-8x64"

@@ -1,5 +1,5 @@
-"""Files and folders the workbench creates: the user's umask, atomic temp names, and one-line hints
-when the disk is full or a place is read-only."""
+"""Files and folders the workbench creates: where its cache lives, the user's umask, atomic temp
+names, atomic writes, and one-line hints when the disk is full or a place is read-only."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ import threading
 from pathlib import Path
 
 _LOCK = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Where the workbench keeps stores and built models (``WORKBENCH_CACHE``)."""
+    return Path(os.environ.get("WORKBENCH_CACHE", Path.home() / ".cache" / "workbench"))
 
 
 def umask() -> int:
@@ -35,10 +40,23 @@ def temp_file(prefix: str, parent) -> str:
     return tmp
 
 
+def atomic_write(path, write) -> None:
+    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place: a reader sees the
+    old file or the whole new one, never a part; a failed write leaves no temp file behind."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_file(f".{path.name}.", path.parent)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def os_error_hint(e: OSError) -> str:
     """One line for a failed file operation: what, where, and the fix (disk full, read-only, denied)."""
-    from .store.cache import cache_dir
-
     where = e.filename or "?"
     base = f"{e.strerror or e} ({where})"
     cache = f"WORKBENCH_CACHE (now {cache_dir()})"

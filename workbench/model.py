@@ -11,9 +11,9 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
 from .checks import is_whole, json_kind
+from .families import EXPERT_COUNT_KEYS, TOPK_KEYS
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-TOPK_KEYS = ("num_experts_per_tok", "moe_top_k", "top_k", "num_activated_experts", "n_activated_experts")
 
 
 class ModelError(ValueError):
@@ -71,7 +71,6 @@ CONFIG_BOUNDS = {
     "n_routed_experts": (1, 1 << 15),
     "n_shared_experts": (0, 1 << 10),
 }
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 REQUIRED_CONFIG = ("model_type",)  # the family's ModelArgs names what else it needs
 CORE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers")  # never null when present
 

@@ -1,6 +1,7 @@
 """Shared helpers for the analyses: trace access, list columns, dequantization, mlx-lm models.
 
-Everything model-specific lives here so each analysis file reads as the measurement itself.
+Where a family keeps its router and experts is ``workbench.families``; the rest lives here so each
+analysis file reads as the measurement itself.
 """
 
 from __future__ import annotations
@@ -157,55 +158,6 @@ def leading_dim(x) -> int:
 
 
 # --------------------------------------------------------------------------- mlx-lm models
-def model_layers(model) -> list:
-    """The decoder layers of an mlx-lm model."""
-    for path in ("layers", "model.layers", "language_model.model.layers", "model.model.layers"):
-        obj = model
-        try:
-            for part in path.split("."):
-                obj = getattr(obj, part)
-            return list(obj)
-        except AttributeError:
-            continue
-    raise ValueError(f"cannot find decoder layers on {type(model).__name__}; expected model.layers")
-
-
-def expert_module(block) -> Any | None:
-    """The stacked-experts module of a MoE block (SwitchGLU / SwitchMLP: ``switch_mlp`` or ``experts``)."""
-    for name in ("switch_mlp", "experts"):
-        m = getattr(block, name, None)
-        if m is not None and (hasattr(m, "down_proj") or hasattr(m, "fc2")):
-            return m
-    return None
-
-
-def router_module(block) -> Any:
-    """The router of a MoE block (``gate``, or ``router`` for gpt-oss)."""
-    for name in ("gate", "router"):
-        m = getattr(block, name, None)
-        if m is not None:
-            return m
-    raise ValueError(f"MoE block {type(block).__name__} has no gate/router module")
-
-
-def find_moe_block(layer) -> Any | None:
-    """The routed-expert block of a decoder layer, or None for dense layers."""
-    for name in ("mlp", "block_sparse_moe", "feed_forward", "moe"):
-        blk = getattr(layer, name, None)
-        if blk is not None and expert_module(blk) is not None:
-            return blk
-    return None
-
-
-def moe_blocks(model) -> dict[int, Any]:
-    """{model layer index: MoE block} for every layer with routed experts."""
-    out = {i: find_moe_block(l) for i, l in enumerate(model_layers(model))}
-    out = {i: b for i, b in out.items() if b is not None}
-    if not out:
-        raise ValueError(f"{type(model).__name__} has no layer with routed experts (switch_mlp); not an mlx-lm MoE model")
-    return out
-
-
 def module_weight(mod) -> tuple[np.ndarray, np.ndarray | None]:
     """Float32 (weight [out, in], bias [out] or None) of a Linear / QuantizedLinear / gate module."""
     import mlx.core as mx

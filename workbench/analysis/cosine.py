@@ -24,7 +24,8 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ._common import QuantizedTensor, expert_module, leading_dim, moe_blocks, to_numpy
+from ..families import expert_module, moe_blocks
+from ._common import QuantizedTensor, leading_dim, to_numpy
 
 
 class Grams(dict):

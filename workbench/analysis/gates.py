@@ -24,7 +24,8 @@ from typing import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from ._common import as_trace, expert_module, list_column, moe_blocks, phase_rows, require_columns
+from ..families import expert_module, moe_blocks
+from ._common import as_trace, list_column, phase_rows, require_columns
 
 ExpertOutputs = Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 

@@ -25,8 +25,8 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ._common import (as_trace, list_column, membership, moe_blocks, module_weight, phase_rows,
-                      require_columns, router_module, to_numpy, top_ids)
+from ..families import moe_blocks, router_module
+from ._common import as_trace, list_column, membership, module_weight, phase_rows, require_columns, to_numpy, top_ids
 
 
 @dataclass

@@ -114,9 +114,12 @@ def record_workload(prompts: list[Prompt], model=None, prompt_tokens: int = 128,
     """Run every prompt (its first ``prompt_tokens`` tokens) then ``max_tokens`` greedy tokens,
     exact, all experts resident, MoE inputs recorded; cached traces are reused."""
     from ..data import default_model
-    from ..engine.engine import Engine, cache_dir, resolve_store
+    from ..engine.engine import Engine
+    from ..fsutil import cache_dir
+    from ..store.cache import resolve_store
     from ..trace.recorder import TraceRecorder
-    from ..trace.schema import atomic_write, read_trace
+    from ..fsutil import atomic_write
+    from ..trace.schema import read_trace
 
     if prompt_tokens < 2 or max_tokens < 1:
         raise ValueError(f"need prompt_tokens >= 2 and max_tokens >= 1, got {prompt_tokens}, {max_tokens}")

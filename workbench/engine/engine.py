@@ -20,17 +20,17 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arena.counters import Counters, summarize
 from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
+from ..families import family_of, gate_weights, router_logits
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
 from ..model import ModelError, build_model, config_hash, expert_modules
 from ..routing.setup import configure
-from ..store.cache import cache_dir, resolve_store  # noqa: F401  (re-exported: callers import them from here)
+from ..sizes import arena_slots
+from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
-from .arena_size import arena_slots
-from .counters import Counters, summarize
-from .families import family_of, gate_weights, router_logits
 from .optimistic import Controller, OptimisticPass, Rewind, can_rewind, first_miss
 from .speculative import SpeculativeMixin
 from .streamed import GateProbe, LayerProbe, MoEProbe, StreamedExperts, get_path, set_path
@@ -148,7 +148,7 @@ class Engine(SpeculativeMixin):
         self.arena.preload(list(dict.fromkeys(warm)))
         self.recorder = None
         self.planner = None  # read-ahead planner (routing.ahead), optional; set by configure
-        self.router = None  # cache-aware router (routing.moce), optional; None = exact
+        self.router = None  # cache-aware router (routing.cache_aware), optional; None = exact
         self._moe_in, self._logits = {}, {}
         self._tokenizer = None
         self._prompt_hot = []

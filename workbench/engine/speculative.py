@@ -9,7 +9,7 @@ import time
 
 import mlx.core as mx
 
-from .counters import Counters, summarize
+from ..arena.counters import Counters, summarize
 
 
 class ResidentOnlyRouter:
@@ -17,12 +17,12 @@ class ResidentOnlyRouter:
     falls back to the router's own picks where a layer has fewer than k residents."""
 
     def __init__(self, engine):
-        from ..routing.moce import CacheAwareRouter
+        from ..routing.cache_aware import CacheAwareRouter
 
-        self._moce = CacheAwareRouter(engine, p=0, b=1e6, r1=0.0)
+        self._router = CacheAwareRouter(engine, p=0, b=1e6, r1=0.0)
 
     def forward(self, engine, layer, block, x):
-        return self._moce.forward(engine, layer, block, x)
+        return self._router.forward(engine, layer, block, x)
 
 
 class SpeculativeMixin:

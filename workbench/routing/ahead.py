@@ -14,7 +14,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from ..engine.families import router_logits
+from ..families import router_logits
 from .gates import make_gate
 from .rank import AHEAD_MODES, ahead_candidates
 
@@ -22,7 +22,7 @@ PREDICTORS = ("layer", "prev", "oracle")
 
 
 class Planner:
-    def __init__(self, engine, predictor="layer", distance=1, mode="unpert1", width=None, p=3, b=0.85, r1=0.0,
+    def __init__(self, engine, predictor="layer", distance=1, mode="raw", width=None, p=3, b=0.85, r1=0.0,
                  gate="none", gate_options=None, oracle=None):
         if predictor not in PREDICTORS:
             raise ValueError(f"unknown predictor {predictor!r}; valid: {', '.join(PREDICTORS)}")

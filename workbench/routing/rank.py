@@ -1,20 +1,21 @@
 """Cache-aware ranking of router logits (pure numpy; shared by the live engine and the simulator).
 
-``moce_select`` is cache-aware routing ("moce"): with logits z, resident mask R (published
+``cache_aware_select`` is cache-aware routing ("moce"): with logits z, resident mask R (published
 entries only), protected width p and bonus b, the first p picks are argmax z among the
 unselected experts and the later picks argmax (z + b*R). An optional rank-1 bonus r1 adds a
 smaller resident preference to the first p picks. b <= 0 is exactly the plain top-k router
 (r1 is then ignored). Every tie breaks toward the lower expert id.
 
 The family then recomputes gate weights from the *unboosted* probabilities of the chosen
-set (``moce_weights`` shows the arithmetic; the bonus never enters the weights).
+set (``cache_aware_weights`` shows the arithmetic; the bonus never enters the weights).
 
 ``ahead_candidates`` ranks *predicted* logits for a target layer for speculative reads, in
-three modes:
+three modes (the seed's audit names them UNPERT=1, UNPERT=0 and route; those spellings,
+``unpert1``, ``unpert0``, ``route``, are accepted too):
 
-* ``"unpert1"``: raw top-k of the predicted logits (the original engine's default);
-* ``"unpert0"``: ranks beyond 3 use the resident bonus b (p fixed at 3, no r1);
-* ``"route"``: the full cache-aware ranking with p, b, r1; with b <= 0 it is off (raw top-k).
+* ``"raw"``: raw top-k of the predicted logits (the original engine's default);
+* ``"resident_bonus"``: ranks beyond 3 use the resident bonus b (p fixed at 3, no r1);
+* ``"cache_aware"``: the full cache-aware ranking with p, b, r1; with b <= 0 it is off (raw top-k).
 
 Candidates of a batch are merged (best rank over the batch, ties by expert id), and experts
 already mapped (resident or in flight) are skipped.
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import AHEAD_MODES
+from ..config import AHEAD_MODES, ahead_mode
 
-__all__ = ["topk", "moce_select", "moce_weights", "ahead_candidates", "AHEAD_MODES"]
+__all__ = ["topk", "cache_aware_select", "cache_aware_weights", "ahead_candidates", "ahead_mode", "AHEAD_MODES"]
 
 
 
@@ -72,7 +73,7 @@ def topk(z, k) -> np.ndarray:
     return _rank_rows(z, int(k))
 
 
-def moce_select(z, resident_mask, k, p=3, b=0.85, r1=0.0) -> np.ndarray:
+def cache_aware_select(z, resident_mask, k, p=3, b=0.85, r1=0.0) -> np.ndarray:
     """Cache-aware routing: ids in pick order, shape (k,) for one token or (batch, k).
 
     ``z``: router logits (n_experts,) or (batch, n_experts); ``resident_mask``: bool, True
@@ -95,7 +96,7 @@ def moce_select(z, resident_mask, k, p=3, b=0.85, r1=0.0) -> np.ndarray:
     return np.concatenate([first, rest], axis=-1)
 
 
-def moce_weights(probs, ids, normalize=True) -> np.ndarray:
+def cache_aware_weights(probs, ids, normalize=True) -> np.ndarray:
     """Gate weights of a chosen set from the UNBOOSTED router probabilities.
 
     ``probs``: the family's normal routing probabilities (softmax or sigmoid of the plain
@@ -110,18 +111,17 @@ def moce_weights(probs, ids, normalize=True) -> np.ndarray:
     return w
 
 
-def ahead_candidates(pred_logits, mapped_mask, k, mode="unpert1", p=3, b=0.85, r1=0.0, resident_mask=None) -> np.ndarray:
+def ahead_candidates(pred_logits, mapped_mask, k, mode="raw", p=3, b=0.85, r1=0.0, resident_mask=None) -> np.ndarray:
     """Ordered expert ids to read ahead for one target layer.
 
     ``pred_logits``: predicted router logits, (n_experts,) or (batch, n_experts) for the
     tokens of a batch; ``mapped_mask``: bool (n_experts,), experts of the target layer that
     are already mapped (resident or in flight) and so are skipped; ``resident_mask``: the
-    published residents that earn the bonus in ``unpert0``/``route`` (default: mapped_mask).
+    published residents that earn the bonus in ``resident_bonus``/``cache_aware`` (default: mapped_mask).
     Each row is ranked to ``k`` picks by ``mode``; the batch is merged by best rank, ties by
     expert id; mapped experts are dropped. Returns int64 ids, best first.
     """
-    if mode not in AHEAD_MODES:
-        raise ValueError(f"unknown ahead mode {mode!r}; valid modes: {', '.join(AHEAD_MODES)}")
+    mode = ahead_mode(mode)
     z = np.asarray(pred_logits)
     if z.ndim == 1:
         z = z[None, :]
@@ -129,12 +129,12 @@ def ahead_candidates(pred_logits, mapped_mask, k, mode="unpert1", p=3, b=0.85, r
     if mapped.shape != (z.shape[-1],):
         raise ValueError(f"mapped mask must have shape ({z.shape[-1]},) to match the logits, got {mapped.shape}")
     R = mapped if resident_mask is None else np.asarray(resident_mask, dtype=bool)
-    if mode == "unpert1" or b <= 0:
+    if mode == "raw" or b <= 0:
         picks = topk(z, k)
-    elif mode == "unpert0":
-        picks = moce_select(z, R, k, p=3, b=b, r1=0.0)
+    elif mode == "resident_bonus":
+        picks = cache_aware_select(z, R, k, p=3, b=b, r1=0.0)
     else:
-        picks = moce_select(z, R, k, p=p, b=b, r1=r1)
+        picks = cache_aware_select(z, R, k, p=p, b=b, r1=r1)
     n_experts = z.shape[-1]
     best = np.full(n_experts, np.iinfo(np.int64).max, dtype=np.int64)
     ranks = np.broadcast_to(np.arange(picks.shape[-1]), picks.shape)

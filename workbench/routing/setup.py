@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..config import AheadConfig
 from .ahead import Planner
-from .moce import CacheAwareRouter
+from .cache_aware import CacheAwareRouter
 
 
 def configure(engine, ahead: AheadConfig | None = None):
@@ -18,17 +18,12 @@ def configure(engine, ahead: AheadConfig | None = None):
         raise TypeError(f"configure: ahead must be an AheadConfig (workbench.config), got {type(a).__name__}")
     engine.ahead_config = a
     engine.router = None
-    if a.mode == "route":
+    if a.mode == "cache_aware":
         engine.router = CacheAwareRouter(engine, p=a.moce_protect, b=a.moce_bonus, r1=a.moce_r1)
-    elif a.mode == "unpert0" and a.moce_bonus > 0:
+    elif a.mode == "resident_bonus" and a.moce_bonus > 0:
         engine.router = CacheAwareRouter(engine, p=min(3, engine.top_k), b=a.moce_bonus, r1=0.0)
     engine.planner = None
     if a.reads_ahead:
-        oracle = None
-        if a.oracle_trace is not None:
-            from ..trace.schema import read_trace
-
-            oracle = read_trace(a.oracle_trace)
         engine.planner = Planner(engine, a.predictor, a.distance, a.mode, a.width, a.moce_protect, a.moce_bonus,
-                                 a.moce_r1, a.gate, gate_options=a.gate_options, oracle=oracle)
+                                 a.moce_r1, a.gate, gate_options=a.gate_options, oracle=a.oracle_trace)
     return engine

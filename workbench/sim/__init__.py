@@ -7,11 +7,10 @@ Entry points:
   simulate(trace, arena, ahead, timing) virtual-time model with prefetch and I/O (VTimeResult; workbench.config)
   SimCache                             step-by-step driving cache (the reference protocol)
   requests_from_trace(trace)           the flattened request stream
-  synthetic_trace(path, ...)           synthetic traces for tests and notebooks
+  ioreplay.replay_io(trace, store)     the same routing through the real arena and I/O against a store
 """
 
 from .cache import NoVictimError, SimCache  # noqa: F401
 from .replay import NotReplayableError, ReplayResult, replay, replay_grid, replay_keys  # noqa: F401
 from .requests import Requests, parse_arena, requests_from_trace  # noqa: F401
-from .synth import synthetic_trace  # noqa: F401
 from .vtime import OUTCOMES, Timing, VTimeResult, simulate  # noqa: F401

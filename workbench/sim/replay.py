@@ -32,7 +32,7 @@ class NotReplayableError(ValueError):
 CLOSED_LOOP_MESSAGE = (
     "cache-aware routing (moce bonus b > 0) is closed-loop: which experts the router picks depends on "
     "what is resident, so it cannot be replayed from fixed routes. Run it live (`workbench run --route`) "
-    "and record a trace; the simulator can replay prefetch ranking (ahead mode 'route'), not routing."
+    "and record a trace; the simulator can replay prefetch ranking (ahead mode 'cache_aware'), not routing."
 )
 
 
@@ -131,7 +131,7 @@ def replay(trace, policy="lru", arena="0.25", phase=None, preload=True, moce_bon
     """Replay ``trace`` (a Trace or a path) through ``policy`` with an arena of ``arena`` slots.
 
     ``arena``: slots, a fraction or percentage of all routed experts, or a size (with the
-    trace's expert_bytes); see ``engine.arena_size``. ``phase``: None/'all', 'prefill' or
+    trace's expert_bytes); see ``workbench.sizes``. ``phase``: None/'all', 'prefill' or
     'decode'. ``preload``: load the policy's warm keys (hotlist) first. Extra ``options``
     go to the policy (n_keys and n_experts are filled in from the trace).
     """

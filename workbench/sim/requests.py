@@ -110,7 +110,7 @@ def requests_from_trace(trace, phase=None) -> Requests:
 
 
 def parse_arena(arena, n_routed: int, expert_bytes: int | None = None) -> int:
-    """Slots from ``--arena`` (see ``engine.arena_size``: fraction, percentage, slot count or size)."""
-    from ..engine.arena_size import arena_slots
+    """Slots from ``--arena`` (see ``workbench.sizes``: fraction, percentage, slot count or size)."""
+    from ..sizes import arena_slots
 
     return arena_slots(arena, n_routed, expert_bytes)

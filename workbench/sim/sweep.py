@@ -6,7 +6,7 @@
     load_sweep("out/")                          # one row per cell
 
 Each cell calls the library function its command calls (``sim.replay.replay``,
-``sim.vtime.simulate``, ``io.replay.replay_io``). A cell's id hashes its configuration;
+``sim.vtime.simulate``, ``sim.ioreplay.replay_io``). A cell's id hashes its configuration;
 its row is written atomically to ``DIR/cell-<id>.parquet`` as soon as it finishes, so a
 rerun skips what is done. Workers need the traces (and store) at the same paths.
 """
@@ -129,7 +129,7 @@ def cell_label(cell: dict) -> str:
 
 def _slots(arena, trace) -> int:
     """Slots for any accepted --arena form (fraction, %, count, size), by the engine's one parser."""
-    from ..engine.arena_size import arena_slots
+    from ..sizes import arena_slots
 
     meta = trace.meta
     n_routed = max(1, len(trace.moe_layers)) * int(meta["n_experts"])
@@ -162,7 +162,7 @@ def run_cell(cell: dict) -> dict:
         row.update({f"prefetch_{k}": v for k, v in s["prefetch"].items()})
         row["bytes_per_token"] = s["bytes_read"] / max(1, s["tokens"])
     else:
-        from ..io.replay import replay_io
+        from .ioreplay import replay_io
 
         s = replay_io(trace, cell["store"], arena=ArenaConfig(cell["arena"], cell["policy"]),
                       io=IOConfig(mode=cell["io_mode"], verify="never"), ahead=_ahead(cell),
@@ -205,7 +205,7 @@ def write_row(out, row: dict) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..trace.schema import atomic_write
+    from ..fsutil import atomic_write
 
     path = cell_path(out, row["cell_id"])
     table = pa.Table.from_pandas(pd.DataFrame([row]), preserve_index=False)
@@ -251,7 +251,7 @@ class SweepResult:
 
 def check_cells(cells) -> None:
     """Read every trace (and store) once and size every arena here, so bad input fails before any work."""
-    from ..engine.arena_size import arena_slots
+    from ..sizes import arena_slots
     from ..store.manifest import Manifest
     from ..trace.schema import read_trace
 

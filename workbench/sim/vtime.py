@@ -19,7 +19,7 @@ Per routing row (token t, layer L) in trace order, as the engine's per-layer dec
 Each issued prefetch gets exactly one outcome, so ``issued`` equals the sum of the five
 outcome counts (checked at the end of every run). ``prefetch_bytes`` counts the bytes each
 outcome class actually read. Cache-aware routing itself is not replayable (see
-``replay.NotReplayableError``); ahead mode ``"route"`` only reorders prefetch candidates.
+``replay.NotReplayableError``); ahead mode ``"cache_aware"`` only reorders prefetch candidates.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from ..arena.arena import OUTCOMES, Arena, ArenaError
-from ..engine.counters import Counters
+from ..arena.counters import Counters
 from ..config import AheadConfig, ArenaConfig, as_arena
 from ..hooks import Hooks
 from ..routing.gates import make_gate

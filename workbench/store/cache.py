@@ -23,6 +23,7 @@ import struct
 import sys
 from pathlib import Path
 
+from ..fsutil import cache_dir
 from ..model import ModelError, config_hash, load_config
 from .manifest import MANIFEST
 
@@ -30,10 +31,6 @@ PACKING = ".packing"  # inside a packer's temp folder, flock'ed while it runs
 SAMPLES, SAMPLE_BYTES = 16, 4096
 WHOLE_FILE = 64 << 20  # weight files up to this size are hashed whole
 MAX_HEADER = 100 << 20
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("WORKBENCH_CACHE", Path.home() / ".cache" / "workbench"))
 
 
 def stores_dir() -> Path:

@@ -15,9 +15,9 @@ from mlx.utils import tree_flatten
 from tqdm.auto import tqdm
 
 from .. import __version__
+from ..fsutil import cache_dir, temp_dir
 from ..model import ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of
-from ..fsutil import temp_dir
-from .cache import PACKING, cache_dir, clean_stale, file_lock, hold_packing_lock, weight_files
+from .cache import PACKING, clean_stale, file_lock, hold_packing_lock, weight_files
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, StoreError, file_crc32
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",

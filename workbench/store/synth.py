@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .. import __version__
+from ..fsutil import temp_dir
 from ..model import config_hash, normalize_config
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT
 
@@ -169,7 +169,7 @@ def synth_store(out, like: str | None = None, bits: int = 4, seed: int = 0, prog
     layers = moe_layers(shape)
     rng = np.random.default_rng(seed)
     pad = b"\0" * (stride - expert_bytes)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_dir(f".{out.name}.tmp-", out.parent)
     try:
         blobs, offset = [], 0
         bar = tqdm(total=total, desc="synth store", unit="B", unit_scale=True, disable=not progress)

@@ -34,6 +34,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..checks import is_whole, json_kind
+from ..fsutil import atomic_write
 
 META_KEY = b"workbench"
 
@@ -227,19 +228,3 @@ def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> No
         io_table = pa.table({f.name: io_rows[f.name] for f in IO_FIELDS}, schema=pa.schema(IO_FIELDS))
         atomic_write(io_path(path), lambda tmp: pq.write_table(io_table, tmp))
 
-
-def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp)`` on a temp file beside ``path``, then rename it into place."""
-    import os
-
-    from ..fsutil import temp_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, not mkstemp's 0600
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -14,13 +14,14 @@ the ``svg`` renderer (vl-convert, in-process) renders, also inside an ipywidgets
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import altair as alt
 import pandas as pd
+
+from workbench.fsutil import atomic_write
 
 TRANSFORMER = "workbench"
 DEFAULT_MAX_ROWS = 5000
@@ -58,21 +59,6 @@ def use_interactive_renderer(renderer: str = "jupyter", max_rows: int | None = D
     """Opt in to an interactive renderer (needs the vega libraries: network or a local install)."""
     alt.renderers.enable(renderer)
     alt.data_transformers.enable(TRANSFORMER, max_rows=max_rows)
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from workbench.fsutil import temp_file
-
-    tmp = temp_file(f".{path.name}.", path.parent)  # the umask's mode, not mkstemp's 0600
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def vl_version() -> str:
@@ -170,6 +156,6 @@ def save_chart(chart: alt.TopLevelMixin, path_stem, formats: Iterable[str] = ("p
             data = vlc.vegalite_to_html(spec, bundle=True, vl_version=vl_version()).encode()
         else:
             raise ValueError(f"unknown chart format {fmt!r}; use png, svg, json or html")
-        _atomic_bytes(p, data)
+        atomic_write(p, lambda tmp: Path(tmp).write_bytes(data))
         out.append(p)
     return out

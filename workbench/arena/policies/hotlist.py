@@ -50,23 +50,14 @@ def load_hotlist(source, n_keys: int | None = None, n_experts: int | None = None
 
 def save_hotlist(path, keys, n_experts: int | None = None) -> None:
     """Write ``keys`` (hottest first) as a text hotlist, ``LAYER EXPERT`` lines when ``n_experts`` is given."""
-    from ...fsutil import temp_file
+    from ...fsutil import atomic_write
 
     path = Path(path)
     lines = ["# workbench hotlist, hottest first"]
     for k in keys:
         k = int(k)
         lines.append(f"{k // n_experts} {k % n_experts}" if n_experts else str(k))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_file(f".{path.name}.", path.parent)
-    try:
-        with open(tmp, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda tmp: Path(tmp).write_text("\n".join(lines) + "\n"))
 
 
 def _read_file(path: Path):

@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .schema import atomic_write
+from ..analysis.bounds import next_use
+from ..fsutil import atomic_write
+from .requests import load, requests_from_trace, select_rows
 
 __all__ = ["ORACLE_GENERAL", "FORMATS", "request_frame", "export_oraclegeneral", "read_oraclegeneral", "export_csv", "export"]
 
@@ -36,9 +38,6 @@ FORMATS = ("oraclegeneral", "csv")
 
 def request_frame(trace, size=None, phase=None) -> pd.DataFrame:
     """One row per request: time, obj_id, obj_size, next_access_vtime, layer, expert, phase."""
-    from ..analysis.bounds import next_use
-    from ..sim.requests import load, requests_from_trace, select_rows
-
     tr = load(trace)
     req = requests_from_trace(tr, phase=phase)
     obj_size = _size(tr, size)
@@ -62,8 +61,6 @@ def _size(tr, size) -> int:
     if not 1 <= s < 2**32:
         raise ValueError(f"object size must be in 1 .. 2^32-1 bytes for oracleGeneral, got {s}; pass size=")
     return s
-
-
 
 
 def export_oraclegeneral(trace, out, size=None, phase=None) -> int:

@@ -15,13 +15,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arena.counters import Counters, summarize
 from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
-from ..engine.arena_size import arena_slots
-from ..engine.counters import Counters, summarize
 from ..hooks import Hooks
+from ..io.scheduler import IOScheduler
+from ..sizes import arena_slots
 from ..store.manifest import Manifest
 from ..store.reader import BlobReader
-from .scheduler import IOScheduler
 
 
 MAP_LAYERS = ("modulo", "spread")
@@ -82,7 +82,7 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
     arena = as_arena(arena)
     io = io or IOConfig(verify="never")
     ahead = ahead or AheadConfig()
-    if (ahead.mode, ahead.gate, ahead.width, ahead.oracle_trace) != ("unpert1", "none", None, None):
+    if (ahead.mode, ahead.gate, ahead.width, ahead.oracle_trace) != ("raw", "none", None, None):
         raise ValueError("ioreplay reads every recorded candidate of --predictor at --lookahead: a ranking --mode, "
                          "--gate, --ahead-width or --oracle-trace is not replayed here; use workbench simulate for those")
     prefetch = ahead.predictor if ahead.reads_ahead else None

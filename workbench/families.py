@@ -1,4 +1,5 @@
-"""Per-family routing facts: where the router lives and how gate weights are formed.
+"""What differs between model families, in one place: config key spellings, where a MoE block
+keeps its router, experts and shared experts, and how gate weights are formed.
 
 The family's own mlx-lm module still does all the math on the exact path; these rules
 are used to record gate weights in traces, to compute predictor logits, and to rebuild
@@ -10,9 +11,15 @@ weights and cannot use cache-aware routing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
+
+
+# config keys: the experts per token, and the number of routed experts, as the families spell them
+TOPK_KEYS = ("num_experts_per_tok", "moe_top_k", "top_k", "num_activated_experts", "n_activated_experts")
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,79 @@ FAMILIES = {
 
 def family_of(model_type: str) -> Family | None:
     return FAMILIES.get(model_type)
+
+
+# --------------------------------------------------------------------------- modules of a model
+def model_layers(model) -> list:
+    """The decoder layers of an mlx-lm model."""
+    for path in ("layers", "model.layers", "language_model.model.layers", "model.model.layers"):
+        obj = model
+        try:
+            for part in path.split("."):
+                obj = getattr(obj, part)
+            return list(obj)
+        except AttributeError:
+            continue
+    raise ValueError(f"cannot find decoder layers on {type(model).__name__}; expected model.layers")
+
+
+EXPERT_ATTRS = ("switch_mlp", "experts")  # the routed-experts module of a MoE block (experts: gpt-oss)
+
+
+def experts_of(block) -> Any | None:
+    """The module a MoE block keeps its routed experts in (as loaded, or as the engine swapped it)."""
+    return next((block[name] for name in EXPERT_ATTRS if name in block), None)
+
+
+def expert_module(block) -> Any | None:
+    """The stacked-experts module of a MoE block as loaded (SwitchGLU / SwitchMLP), or None."""
+    for name in EXPERT_ATTRS:
+        m = getattr(block, name, None)
+        if m is not None and (hasattr(m, "down_proj") or hasattr(m, "fc2")):
+            return m
+    return None
+
+
+def router_module(block) -> Any:
+    """The router of a MoE block (``gate``, or ``router`` for gpt-oss)."""
+    for name in ("gate", "router"):
+        m = getattr(block, name, None)
+        if m is not None:
+            return m
+    raise ValueError(f"MoE block {type(block).__name__} has no gate/router module")
+
+
+def find_moe_block(layer) -> Any | None:
+    """The routed-expert block of a decoder layer, or None for dense layers."""
+    for name in ("mlp", "block_sparse_moe", "feed_forward", "moe"):
+        blk = getattr(layer, name, None)
+        if blk is not None and expert_module(blk) is not None:
+            return blk
+    return None
+
+
+def moe_blocks(model) -> dict[int, Any]:
+    """{model layer index: MoE block} for every layer with routed experts."""
+    out = {i: find_moe_block(l) for i, l in enumerate(model_layers(model))}
+    out = {i: b for i, b in out.items() if b is not None}
+    if not out:
+        raise ValueError(f"{type(model).__name__} has no layer with routed experts (switch_mlp); not an mlx-lm MoE model")
+    return out
+
+
+def shared_output(block, x):
+    """Shared (always-on) experts of qwen2_moe / deepseek-style blocks, or None."""
+    if "shared_expert" in block:
+        out = block.shared_expert(x)
+        if "shared_expert_gate" in block:
+            out = mx.sigmoid(block.shared_expert_gate(x)) * out
+        return out
+    if "shared_experts" in block:
+        return block.shared_experts(x)
+    return None
+
+
+# --------------------------------------------------------------------------- routing rules
 
 
 def router_logits(fam: Family, gate, x: mx.array) -> mx.array:

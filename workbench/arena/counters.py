@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import pandas as pd
 
-from ..arena.arena import OUTCOMES
+from .arena import OUTCOMES
 
 PREFETCH_KEYS = ("issued",) + OUTCOMES
 BASE = ("hits", "misses", "sync_misses", "page_cache_hits", "evictions", "bytes_read", "io_wait_ns", "compute_ns",

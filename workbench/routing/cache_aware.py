@@ -11,9 +11,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..engine.families import gate_weights, selection_scores
-from ..engine.streamed import StreamedExperts
-from .rank import moce_select
+from ..families import FAMILIES, experts_of, gate_weights, selection_scores, shared_output
+from .rank import cache_aware_select
 
 
 class CacheAwareRouter:
@@ -21,7 +20,7 @@ class CacheAwareRouter:
         k = engine.top_k
         if engine.family is None:
             raise ValueError(f"cache-aware routing needs the routing rule of family {engine.m.data['model_type']!r}; "
-                             "supported: qwen3_moe, qwen2_moe, olmoe, mixtral, gpt_oss, deepseek_v3, glm4_moe, ...")
+                             f"supported: {', '.join(FAMILIES)}")
         if not 0 <= p <= k:
             raise ValueError(f"--moce-protect p={p} must be between 0 and top-k={k}")
         if b <= 0:
@@ -35,23 +34,11 @@ class CacheAwareRouter:
         E, k = logits.shape[-1], engine.top_k
         z = np.array(logits.astype(mx.float32)).reshape(-1, E)
         scores = selection_scores(fam, gate, z)
-        inds = moce_select(scores, engine.arena.resident_mask(layer), k, self.p, self.b, self.r1)
+        inds = cache_aware_select(scores, engine.arena.resident_mask(layer), k, self.p, self.b, self.r1)
         w = gate_weights(fam, block, z, inds)
         shape = x.shape[:-1] + (k,)
-        experts = next(m for m in block.children().values() if isinstance(m, StreamedExperts))
-        y = experts(x, mx.array(inds.astype(np.int32)).reshape(shape))
+        y = experts_of(block)(x, mx.array(inds.astype(np.int32)).reshape(shape))
         y = (y * mx.array(w.astype(np.float32)).reshape(shape)[..., None].astype(y.dtype)).sum(axis=-2).astype(y.dtype)
         shared = shared_output(block, x)
         return y if shared is None else y + shared
 
-
-def shared_output(block, x):
-    """Shared (always-on) experts of qwen2_moe / deepseek-style blocks, or None."""
-    if "shared_expert" in block:
-        out = block.shared_expert(x)
-        if "shared_expert_gate" in block:
-            out = mx.sigmoid(block.shared_expert_gate(x)) * out
-        return out
-    if "shared_experts" in block:
-        return block.shared_experts(x)
-    return None
