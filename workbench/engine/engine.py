@@ -422,17 +422,23 @@ class Engine(SpeculativeMixin):
             for layer, part in zip(layers, parts):
                 d[layer] = part.reshape(d[layer].shape)
 
+    def _selected(self, layer, ids):
+        """A layer's experts are known (host ids), before the arena claims them: the
+        ``experts.selected`` hook point carries what recorders need (the trace subscribes here),
+        then the planner learns the route."""
+        if self.hooks.active:
+            self.hooks.fire(self.names[layer]["experts.selected"], ids, layer=layer, step=self.step,
+                            phase=self.counters.phase.get(self.step, "decode"), position=self._pos0,
+                            logits=self._logits.get(layer), moe_input=self._moe_in.get(layer),
+                            resident=self.arena.published_experts(layer),
+                            predictions=self.planner.candidates(layer) if self.planner is not None else {})
+        if self.planner is not None:
+            self.planner.on_route(self, layer, ids)
+
     def _settle(self, layer, ids, keep_pins=False):
         """What per-layer decode does at ``layer`` once its ids are known, in the same order."""
-        shaped = ids.reshape(1, 1, -1)
-        if self.hooks.active:
-            self.hooks.fire(self.names[layer]["experts.selected"], shaped, layer=layer, step=self.step)
-        resident_before = self.arena.published_experts(layer) if self.recorder is not None else None
-        if self.planner is not None:
-            self.planner.on_route(self, layer, shaped)
+        self._selected(layer, ids.reshape(1, 1, -1))
         self.arena.at_layer(layer, np.sort(ids))
-        if self.recorder is not None:
-            self.recorder.add_layer(self, layer, shaped, resident_before)
         if not keep_pins:
             self.arena.release()
             self.arena.after_layer()
@@ -580,11 +586,7 @@ class Engine(SpeculativeMixin):
         mx.eval(indices)
         c["compute_ns"] += time.perf_counter_ns() - t0
         ids = np.array(indices)
-        if self.hooks.active:
-            self.hooks.fire(self.names[layer]["experts.selected"], ids, layer=layer, step=self.step)
-        resident_before = self.arena.published_experts(layer) if self.recorder is not None else None
-        if self.planner is not None:
-            self.planner.on_route(self, layer, ids)
+        self._selected(layer, ids)
         if ids.size == self.top_k:  # one token: its top-k ids are distinct already
             wanted, counts = np.sort(ids.reshape(-1)), np.ones(self.top_k, dtype=np.int64)
         else:
@@ -602,11 +604,9 @@ class Engine(SpeculativeMixin):
             y = self._compute(layer, inner, x, ids, [wanted], c)
         else:  # a batch may want more experts than the arena holds: run the layer in waves
             y = self._compute(layer, inner, x, ids, [np.array(order[i:i + room]) for i in range(0, len(order), room)], c)
-        if self.recorder is not None:
-            self.recorder.add_layer(self, layer, ids, resident_before)
         self.arena.after_layer()
         if self.planner is not None:
-            self.planner.after_layer(self, layer)
+            self.planner.after_layer(self, layer, self._moe_in.get(layer), self._logits.get(layer))
         return y
 
     def _compute(self, layer, inner, x, ids, waves, c):
@@ -628,9 +628,9 @@ class Engine(SpeculativeMixin):
             self.arena.release()
         return y
 
-    def gate_weights(self, layer, ids) -> np.ndarray | None:
-        """Gate weights the family applied to ``ids`` at ``layer`` (None if unknown)."""
-        logits = self._logits.get(layer)
+    def gate_weights(self, layer, ids, logits) -> np.ndarray | None:
+        """Gate weights the family applied to ``ids`` at ``layer``, given its router ``logits``
+        (None if unknown)."""
         if self.family is None or logits is None:
             return None
         z = to_numpy(logits).reshape(-1, logits.shape[-1])

@@ -58,11 +58,12 @@ class Planner:
         if cands is not None:
             self.gate.update(layer, cands, np.unique(ids))
 
-    def after_layer(self, engine, layer) -> None:
+    def after_layer(self, engine, layer, moe_input, logits) -> None:
+        """Per-layer decode, after ``layer`` ran on ``moe_input`` with router ``logits``."""
         if engine.counters.phase.get(engine.step) != "decode":
             return
         t0 = time.perf_counter_ns()
-        target, z = self._predict(engine, layer)
+        target, z = self._predict(engine, layer, moe_input, logits)
         if target is not None:
             self._read(engine, target, z, self.width)
         engine.counters.row(engine.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
@@ -97,17 +98,17 @@ class Planner:
         for e in self.gate.filter(target, cands):
             arena.prefetch(target, e, engine.top_k)
 
-    def _predict(self, engine, layer):
+    def _predict(self, engine, layer, moe_input, logits):
         E = engine.m.n_experts
         if self.predictor == "layer":
             i = self.pos[layer] + self.distance
             if i >= len(self.layers):
                 return None, None
             target = self.layers[i]
-            z = router_logits(engine.family, engine.gates[target], engine._moe_in[layer])
+            z = router_logits(engine.family, engine.gates[target], moe_input)
             return target, np.array(z.astype(mx.float32)).reshape(-1, E)
         if self.predictor == "prev":
-            z = engine._logits.get(layer)
+            z = logits
             return (layer, np.array(z.astype(mx.float32)).reshape(-1, E)) if z is not None else (None, None)
         i = self.pos[layer] + self.distance
         step, target = (engine.step, self.layers[i]) if i < len(self.layers) else (engine.step + 1, self.layers[i - len(self.layers)])

@@ -32,9 +32,17 @@ class TraceRecorder:
         self._hooked = None
 
     def attach(self, engine):
-        if self.io_rows is None or self._hooked is not None:
+        """Subscribe to the engine's hook points: every MoE layer's routing decision
+        (``experts.selected``) and, with ``io_events``, the arena's events."""
+        if self._hooked is not None:
             return
-        E = engine.m.n_experts
+        self._hooked = [("layer.*.experts.selected", lambda ids, name, **ctx: self.add_layer(engine, ids, **ctx))]
+        if self.io_rows is not None:
+            self._hooked += self._io_hooks(engine)
+        for n, fn in self._hooked:
+            engine.hooks.add(n, fn)
+
+    def _io_hooks(self, engine):
         t0 = time.perf_counter_ns()
 
         def event(kind):
@@ -46,38 +54,33 @@ class TraceRecorder:
                     self.io_rows[k].append(v)
             return fn
 
-        self._hooked = [(n, event(k)) for n, k in (("cache.hit", "hit"), ("cache.miss", "miss"),
-                                                    ("cache.evict", "evict"), ("io.submit", "submit"))]
-        self._hooked.append(("prefetch.outcome", lambda v, name, layer, expert, slot, **c: event(v)(v, name, layer, expert, slot)))
-        for n, fn in self._hooked:
-            engine.hooks.add(n, fn)
-        del E
+        hooked = [(n, event(k)) for n, k in (("cache.hit", "hit"), ("cache.miss", "miss"),
+                                              ("cache.evict", "evict"), ("io.submit", "submit"))]
+        hooked.append(("prefetch.outcome", lambda v, name, layer, expert, slot, **c: event(v)(v, name, layer, expert, slot)))
+        return hooked
 
-    def add_layer(self, engine, layer, ids, resident_before):
+    def add_layer(self, engine, ids, layer, step, phase, position, logits, moe_input, resident, predictions, **ctx):
+        """One routing decision (the ``experts.selected`` hook's value and context) as trace rows."""
         ids = ids.reshape(-1, ids.shape[-1])
         n = ids.shape[0]
-        w = engine.gate_weights(layer, ids)
+        w = engine.gate_weights(layer, ids, logits)
         if w is not None:
             order = np.lexsort((ids, -w), axis=-1)  # strongest first, ties by id
             ids, w = np.take_along_axis(ids, order, -1), np.take_along_axis(w, order, -1)
-        logits = engine._logits.get(layer)
         logits = to_numpy(logits, np.float16).reshape(n, -1) if logits is not None else None
-        phase = engine.counters.phase.get(engine.step, "decode")
-        pos0 = engine._pos0
         c = self.cols
         for t in range(n):
-            c["step"].append(engine.step)
-            c["token"].append(pos0 + t)
+            c["step"].append(step)
+            c["token"].append(position + t)
             c["phase"].append(phase)
             c["layer"].append(layer)
             c["selected"].append(ids[t].astype(np.int16).tolist())
             c["weights"].append(None if w is None else w[t].astype(np.float32).tolist())
             c["logits"].append(None if logits is None else logits[t])
-            c["resident"].append(list(resident_before))
+            c["resident"].append(list(resident))
         if self.moe_input:
-            x = to_numpy(engine._moe_in[layer], np.float16).reshape(n, -1)
-            c["moe_input"].extend(list(x))
-        for src, cands in (engine.planner.candidates(layer) if engine.planner is not None else {}).items():
+            c["moe_input"].extend(list(to_numpy(moe_input, np.float16).reshape(n, -1)))
+        for src, cands in predictions.items():
             c.setdefault(f"pred_{src}", [None] * (len(c["step"]) - n)).extend(cands)
         for k, v in c.items():  # rows without a prediction: None, so later predictions stay on their rows
             if k.startswith("pred_") and len(v) < len(c["step"]):
