@@ -23,11 +23,11 @@ if [ "$what" = nan ]; then
   timeout 150 python3 bench/nan_probe.py --device gpu --runs 4 --processes 3 --tokens 32 2>&1 | tee "$OUT/nan.txt"
 fi
 if [ "$what" = bench ]; then
-  timeout ${BENCH_S:-200} python3 bench/bench_engine.py --device gpu --tokens 64 --reps 3 --arenas 1.0,0.5,0.25 \
+  timeout ${BENCH_S:-200} python3 bench/bench_engine.py --device gpu --tokens 64 --reps 3 --arenas ${ARENAS:-1.0,0.5,0.25} \
     --decode auto,layer --profile ${PROFILE:-0} 2>&1 | tee "$OUT/bench_ref.txt"
   timeout ${BENCH_S:-200} python3 bench/bench_engine.py --mid --device gpu --tokens 48 --reps 3 --arenas 1.0,0.25 \
-    --decode auto,layer --writes staged,direct --profile ${PROFILE:-0} 2>&1 | tee "$OUT/bench_mid.txt"
-  [ -n "${QUICK:-}" ] && exit 0
-  timeout 60 python3 bench/bench_readpath.py --device gpu --slot-writes-only --reps 3 2>&1 | tee "$OUT/readpath.txt"
+    --decode auto,layer --writes ${MID_WRITES:-staged,direct} --profile ${PROFILE:-0} 2>&1 | tee "$OUT/bench_mid.txt"
+  [ -z "${QUICK:-}" ] && timeout 60 python3 bench/bench_readpath.py --device gpu --slot-writes-only --reps 3 2>&1 \
+    | tee "$OUT/readpath.txt"
   timeout 90 python3 bench/bench_cold.py --device gpu --mode direct --tokens 24 --reps 2 2>&1 | tee "$OUT/cold.txt"
 fi
