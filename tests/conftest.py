@@ -25,8 +25,6 @@ if DEVICE == "gpu":
     import mlx.core as _mx
 
     _mx.set_default_device(_mx.gpu)
-    if "WORKBENCH_MLX_CACHE_LIMIT" in os.environ:  # diagnosing MLX's buffer reuse (bench/RESULTS.md, NaN)
-        _mx.set_cache_limit(int(os.environ["WORKBENCH_MLX_CACHE_LIMIT"]))
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """Hook points, run_with_hooks / run_with_cache, counters and the Parquet trace."""
 
 import json
+import os
 
 import mlx.core as mx
 import numpy as np
@@ -154,3 +155,39 @@ def test_optimistic_trace_and_hooks_equal_per_layer(tiny, tmp_path):
         assert len(x) == len(y), name
         if name.endswith("experts.selected"):
             assert all(np.array_equal(u.reshape(-1), v.reshape(-1)) for u, v in zip(x, y)), name
+
+
+def test_page_cache_probe_answers_the_same_from_several_threads(tiny):
+    """I/O workers ask the page-cache probe concurrently: each call has its own vector."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import BlobReader
+
+    _, store = tiny("qwen3_moe", 4)
+    m = Manifest.load(store)
+    blobs = [m.blob(layer, e) for layer in m.moe_layers for e in range(m.n_experts)]
+    reader = BlobReader(store, m)
+    try:
+        probe = reader.page_cache
+        if probe.cached(blobs[0].offset, blobs[0].size) is None:
+            pytest.skip("this OS cannot say what is in the page cache")
+        half = {id(b) for b in blobs[::2]}
+        for b in blobs:  # half of the blobs in the page cache, half out
+            os.posix_fadvise(reader.fd, b.offset, b.size,
+                             os.POSIX_FADV_WILLNEED if id(b) in half else os.POSIX_FADV_DONTNEED)
+        def alone():
+            return [probe.cached(b.offset, b.size) for b in blobs]
+
+        if all(alone()):
+            pytest.skip("this file system keeps every page cached (e.g. tmpfs): no mix to tell apart")
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(20):  # compared where the page cache did not change around the concurrent calls
+                before = alone()
+                together = list(pool.map(lambda b: probe.cached(b.offset, b.size), blobs))
+                after = alone()
+                stable = [i for i in range(len(blobs)) if before[i] == after[i]]
+                assert len(stable) > len(blobs) // 2
+                assert [together[i] for i in stable] == [before[i] for i in stable]
+    finally:
+        reader.close()

@@ -97,7 +97,10 @@ def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes
         pf = res.stats["prefetch"]
         assert pf["issued"] == sum(v for k, v in pf.items() if k != "issued") > 0
         assert pf["useful_timely"] + pf["useful_late"] > 0, predictor
-    assert runs["oracle"].stats["sync_misses"] < plain.stats["sync_misses"] / 2
+    oracle = runs["oracle"].stats
+    assert oracle["sync_misses"] < plain.stats["sync_misses"] / 4
+    # the oracle reads only recorded picks; what goes unused is the perturbed successors' guesses
+    assert oracle["prefetch"]["completed_unused"] <= oracle["prefetch"]["issued"] // 10
 
 
 def test_cache_aware_routing_trades_quality_for_hits(store):
@@ -133,8 +136,27 @@ def test_residency_is_deterministic_under_random_io_delays(store, cfg):
         assert res.stats["residency_hash"] == base.stats["residency_hash"]
 
 
-def test_io_fault_surfaces_and_engine_recovers(store):
-    with Engine(store[1], arena="0.5", io=IOConfig(workers=3), ahead=AheadConfig("layer"), progress=False) as eng:
+def _slots_holding_wrong_bytes(eng) -> list:
+    """Published slots whose tensors differ from their blob in the store."""
+    import mlx.core as mx
+
+    data = (eng.root / "experts.bin").read_bytes()
+    bad = []
+    for key, s in sorted(eng.arena.smap.items()):
+        if eng.arena.published[s]:
+            b = eng.m.blob(*divmod(key, eng.m.n_experts))
+            got = b"".join(np.array(eng.arena.tensors[t.name][s].view(mx.uint8)).tobytes() for t in eng.m.tensors)
+            if got != data[b.offset:b.offset + b.size]:
+                bad.append(divmod(key, eng.m.n_experts))
+    return bad
+
+
+@pytest.mark.parametrize("writes", ["direct", "staged"])
+def test_io_fault_surfaces_and_engine_recovers(store, writes):
+    """A read error ends the run; the reads that did complete keep their data (staged writes copy
+    them in), so the next run is exact and every published slot holds its blob's bytes."""
+    with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), io=IOConfig(workers=3), ahead=AheadConfig("layer"),
+                progress=False) as eng:
         calls = {"n": 0}
 
         def fault(blob):
@@ -150,8 +172,11 @@ def test_io_fault_surfaces_and_engine_recovers(store):
         assert all(arena.key_of[s] == k for k, s in arena.smap.items())
         assert sorted(arena.free + list(arena.smap.values())) == list(range(arena.n_slots))
         eng.reader.inject = None
-        ref, _ = resident_greedy(store[0], PROMPT, 6)
-        assert eng.generate(PROMPT, max_tokens=6).tokens == ref
+        ref, ref_lp = resident_greedy(store[0], PROMPT, 6)
+        res = eng.generate(PROMPT, max_tokens=6)
+        assert res.tokens == ref
+        np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
+        assert _slots_holding_wrong_bytes(eng) == []
 
 
 def test_short_read_names_the_blob(tiny, tmp_path):

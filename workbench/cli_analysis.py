@@ -177,7 +177,7 @@ def cmd_analyze(args) -> int:
 
 
 def _bounds(args, trace, out: Path):
-    """Teammate's workbench.analysis.bounds: hit curves (LRU, Belady) and the knapsack bound."""
+    """workbench.analysis.bounds: hit curves (LRU, Belady) and the knapsack bound."""
     try:
         from workbench.analysis import bounds
     except ImportError as e:

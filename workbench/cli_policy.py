@@ -90,7 +90,7 @@ def register(sub) -> None:
     g.add_argument("--prompt")
     g.add_argument("--prompt-ids")
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--variant", action="append", help="NAME=FLAGS, e.g. 'u0=--predictor layer --mode unpert0' (repeat)")
+    p.add_argument("--variant", action="append", help="NAME=FLAGS, e.g. 'bonus=--predictor layer --mode resident_bonus' (repeat)")
     p.add_argument("--common", default="--arena 0.25", help="flags every variant shares (default: --arena 0.25)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)

@@ -41,7 +41,7 @@ STRATA = tuple(SEED_STRATA)
 # The second seed's SLRU-cold table: {arena GB of its model: (LRU GB read, SLRU-cold GB read)}
 SEED_SLRU = {8: (48.56, 47.84), 10: (40.53, 39.58)}
 # the read-ahead mode of each configuration (layer predictor: router of L on the input of L-1)
-CONFIGS = {"UNPERT=1": "unpert1", "UNPERT=0": "unpert0", "route": "route"}
+CONFIGS = {"UNPERT=1": "raw", "UNPERT=0": "resident_bonus", "route": "cache_aware"}
 
 
 def strata_counts(counters: pd.DataFrame) -> dict:

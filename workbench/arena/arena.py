@@ -216,7 +216,7 @@ class Arena:
             batch = []
             self._wait_all(waits)
         except BaseException:
-            self._drop_failed(waits, batch, fresh)
+            self._drop_failed(waits, batch, fresh, landed)
             self.release()
             raise
         finally:
@@ -312,7 +312,7 @@ class Arena:
     def finish_speculation(self) -> None:
         """End of a request: settle every open speculative read and unmap it (deterministic)."""
         error = None
-        self._exposed.clear()
+        self.unexpose()  # a run that failed while recomputing left exposed slots in the table
         for s, req in list(self.spec.items()):
             self.io.cancel(req)
         for s in list(self.spec) + list(self.limbo):
@@ -459,9 +459,11 @@ class Arena:
         if error is not None:
             raise error
 
-    def _drop_failed(self, reqs, unsubmitted, fresh):
+    def _drop_failed(self, reqs, unsubmitted, fresh, landed):
         """After an error in ``at_layer``: never wait for a read that was not submitted; wait for
-        the rest; unmap every slot this call assigned whose read did not complete."""
+        the rest; unmap every slot this call assigned whose read did not complete. Reads that did
+        complete (``landed``: claimed speculative ones) stay mapped, unpublished, with their data
+        in the slot (staged writes are copied in now)."""
         for req in unsubmitted:
             req.state = CANCELLED
             req.event.set()
@@ -471,7 +473,9 @@ class Arena:
                 self.spec.pop(req.slot, None)
                 self._recycle(req)
                 self._unmap(req.slot)
-        done = {req.slot for req in reqs if req.state == DONE}
+        completed = [req for req in list(reqs) + list(landed) if req.state == DONE]
+        self._commit(completed)
+        done = {req.slot for req in completed}
         for s in fresh:
             if s not in done and self.key_of[s] >= 0:
                 self._unmap(s)

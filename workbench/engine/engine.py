@@ -338,8 +338,7 @@ class Engine(SpeculativeMixin):
 
     def _launch(self, y, step, cache) -> OptimisticPass:
         """Build one token's graph with no host sync and start it on the device."""
-        p = OptimisticPass(self)
-        p.step, p.probe = step, self.controller.probed
+        p = OptimisticPass(step, self.controller.probed)
         self._run_pass(p, y, cache)
         mx.async_eval(p.host, *[flat for _, flat in p.record])
         return p
@@ -407,10 +406,10 @@ class Engine(SpeculativeMixin):
             self.arena.after_layer()
         self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += time.perf_counter_ns() - t0
         self.arena.unexpose()
-        self._read_next(p, ahead)
-        self.controller.observe(p.attempt, p.probe)
         if not p.finite_ok:
             self._check_finite(p.out)
+        self._read_next(p, ahead)
+        self.controller.observe(p.attempt, p.probe)
         return p.out, ahead
 
     def _host_values(self, p, layers):
@@ -492,7 +491,7 @@ class Engine(SpeculativeMixin):
         for layer in self.m.moe_layers:
             for what, d in (("MoE input", self._moe_in), ("router logits", self._logits)):
                 v = d.get(layer)
-                if v is not None and not bool(mx.all(mx.isfinite(v)).item()):
+                if v is not None and not bool(_finite_flag(v).item()):
                     return f"first seen in layer {layer}'s {what}"
         return "every MoE layer's input and router logits were finite (the head or a dense layer produced them)"
 
@@ -623,7 +622,8 @@ class Engine(SpeculativeMixin):
                 y = part if y is None else y + part
             if len(waves) > 1 or self.planner is not None:
                 mx.eval(y)  # the next wave / a prefetch may overwrite slots: compute first
-            # else: the next layer's router sync evaluates y before any slot changes owner
+            else:  # start the experts now; the next layer's router sync waits for them before any slot changes owner
+                mx.async_eval(y)
             c["compute_ns"] += time.perf_counter_ns() - t0
             self.arena.release()
         return y

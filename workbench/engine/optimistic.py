@@ -65,8 +65,8 @@ class Controller:
 class OptimisticPass:
     """State of one optimistic token while the model runs (the engine's ``_opt``)."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, step, probe=False):
+        self.step, self.probe = step, probe  # probe: the controller chose this token to probe optimistic decode
         self.start = 0  # first decoder layer computed in this pass; earlier ones return saved outputs
         self.saved: dict[int, object] = {}  # decoder layer -> its output in the latest pass
         self.ids: dict[int, mx.array] = {}  # MoE layer -> expert ids recorded in this pass
@@ -74,7 +74,6 @@ class OptimisticPass:
         self.logits: dict[int, mx.array] = {}  # MoE layer -> router logits (lazy), for traces and hooks
         self.moe_in: dict[int, mx.array] = {}
         self.attempt = 0  # recomputes so far
-        self.step = engine.step
 
     def layer(self, index, layer, x, args, kwargs):
         if index < self.start:

@@ -144,7 +144,7 @@ class IOScheduler:
     def _run(self, req: ReadRequest) -> None:
         req.t_start = time.perf_counter_ns()
         try:
-            if not req.speculative and self.reader.through_page_cache:  # asked here, off the decode thread
+            if not req.speculative and self.reader.through_page_cache:  # asked by whichever thread reads it
                 req.page_cached = self.reader.page_cache.cached(req.blob.offset, req.blob.size)
             req.bytes_read = self.reader.read(req.blob, req.views, lambda: req.cancel_flag)
             state = CANCELLED if req.bytes_read < req.blob.size else DONE

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..families import router_logits
 from .gates import make_gate
-from .rank import AHEAD_MODES, ahead_candidates
+from .rank import ahead_candidates, ahead_mode
 
 PREDICTORS = ("layer", "prev", "oracle")
 
@@ -26,8 +26,7 @@ class Planner:
                  gate="none", gate_options=None, oracle=None):
         if predictor not in PREDICTORS:
             raise ValueError(f"unknown predictor {predictor!r}; valid: {', '.join(PREDICTORS)}")
-        if mode not in AHEAD_MODES:
-            raise ValueError(f"unknown ahead mode {mode!r}; valid: {', '.join(AHEAD_MODES)}")
+        mode = ahead_mode(mode)
         layers = engine.m.moe_layers
         if predictor == "layer" and not 1 <= distance < len(layers):
             raise ValueError(f"lookahead distance {distance} is out of range: the model has {len(layers)} MoE layers, "
@@ -50,7 +49,6 @@ class Planner:
         self.pending: dict[int, np.ndarray] = {}  # target layer -> all eligible candidates
         self.recent: dict[int, list] = {}  # target layer -> candidates per row (for traces)
         self.oracle = None if oracle is None else _oracle_table(oracle)
-        self.predict_ns = 0
 
     def on_route(self, engine, layer, ids) -> None:
         """The real router chose ``ids`` for ``layer``: teach the gate."""
@@ -74,7 +72,8 @@ class Planner:
         predictor cannot see the next token's inputs before it runs; ``oracle`` reads the
         recorded selections of the next step)."""
         t0 = time.perf_counter_ns()
-        width = self.width if self.predictor == "prev" else 2 * engine.top_k  # this token's top-k are mapped
+        # the layer predictor ranks this token's logits too, whose top-k are mapped now: look wider
+        width = 2 * engine.top_k if self.predictor == "layer" else self.width
         for layer in self.layers:
             if self.predictor == "oracle":
                 z = self._oracle_logits(engine.step + 1, layer, engine.m.n_experts)

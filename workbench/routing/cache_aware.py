@@ -25,7 +25,7 @@ class CacheAwareRouter:
             raise ValueError(f"--moce-protect p={p} must be between 0 and top-k={k}")
         if b <= 0:
             raise ValueError(f"cache-aware routing with bonus b={b} <= 0 is the plain router; give --moce-bonus > 0 "
-                             "or leave --route off")
+                             "or use --mode raw")
         self.p, self.b, self.r1 = p, b, r1
 
     def forward(self, engine, layer, block, x):

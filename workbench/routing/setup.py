@@ -10,9 +10,8 @@ from .cache_aware import CacheAwareRouter
 def configure(engine, ahead: AheadConfig | None = None):
     """Set ``engine``'s router and read-ahead planner from ``ahead`` (None: exact, no read-ahead).
 
-    mode unpert1: exact router, ahead() reads the raw top-k of predicted logits.
-    mode unpert0: cache-aware router with p=3, no r1 (APPROXIMATE); ahead() ranks the same way.
-    mode route:   cache-aware router with p, b, r1 as given (APPROXIMATE); ahead() ranks the same way."""
+    The ranking modes are described once, in ``config`` (``AHEAD_MODES``): raw keeps the exact
+    router; resident_bonus and cache_aware also route with the resident bonus (APPROXIMATE)."""
     a = AheadConfig() if ahead is None else ahead
     if not isinstance(a, AheadConfig):
         raise TypeError(f"configure: ahead must be an AheadConfig (workbench.config), got {type(a).__name__}")

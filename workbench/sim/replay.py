@@ -31,7 +31,7 @@ class NotReplayableError(ValueError):
 
 CLOSED_LOOP_MESSAGE = (
     "cache-aware routing (moce bonus b > 0) is closed-loop: which experts the router picks depends on "
-    "what is resident, so it cannot be replayed from fixed routes. Run it live (`workbench run --route`) "
+    "what is resident, so it cannot be replayed from fixed routes. Run it live (`workbench run --mode cache_aware`) "
     "and record a trace; the simulator can replay prefetch ranking (ahead mode 'cache_aware'), not routing."
 )
 

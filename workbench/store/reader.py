@@ -170,18 +170,18 @@ class PageCacheProbe:
         addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr not in (None, ctypes.c_void_p(-1).value):
             self.addr, self.size, self.libc = addr, size, libc
-            self.vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
-            self.bits = np.ctypeslib.as_array(self.vec)
 
     def cached(self, offset: int, length: int) -> bool | None:
+        """Safe from several threads at once (each call has its own vector)."""
         if self.addr is None or offset < 0 or length < 1 or offset + length > self.size:
-            return None  # outside the mapping: mincore would write past the vector
+            return None  # outside the mapping
         page = mmap.PAGESIZE
         start = offset - offset % page
         n = -(-(offset + length - start) // page)
-        if self.libc.mincore(self.addr + start, n * page, self.vec) != 0:
+        bits = np.empty(n, dtype=np.uint8)
+        if self.libc.mincore(self.addr + start, n * page, bits.ctypes.data) != 0:
             return None
-        return bool((self.bits[:n] & 1).all())
+        return bool((bits & 1).all())
 
     def close(self):
         if self.addr is not None:
