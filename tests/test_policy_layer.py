@@ -97,10 +97,10 @@ def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes
         pf = res.stats["prefetch"]
         assert pf["issued"] == sum(v for k, v in pf.items() if k != "issued") > 0
         assert pf["useful_timely"] + pf["useful_late"] > 0, predictor
-    oracle = runs["oracle"].stats
-    assert oracle["sync_misses"] < plain.stats["sync_misses"] / 4
-    # the oracle reads only recorded picks; what goes unused is the perturbed successors' guesses
-    assert oracle["prefetch"]["completed_unused"] <= oracle["prefetch"]["issued"] // 10
+    oracle, prev = runs["oracle"].stats, runs["prev"].stats
+    assert oracle["sync_misses"] < plain.stats["sync_misses"] / 2
+    # the oracle reads only recorded picks; what it leaves unused is the perturbed successors' guesses
+    assert oracle["prefetch"]["completed_unused"] < prev["prefetch"]["completed_unused"]
 
 
 def test_cache_aware_routing_trades_quality_for_hits(store):
