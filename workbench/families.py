@@ -67,11 +67,8 @@ def experts_of(block) -> Any | None:
 
 def expert_module(block) -> Any | None:
     """The stacked-experts module of a MoE block as loaded (SwitchGLU / SwitchMLP), or None."""
-    for name in EXPERT_ATTRS:
-        m = getattr(block, name, None)
-        if m is not None and (hasattr(m, "down_proj") or hasattr(m, "fc2")):
-            return m
-    return None
+    m = experts_of(block)
+    return m if m is not None and (hasattr(m, "down_proj") or hasattr(m, "fc2")) else None
 
 
 def router_module(block) -> Any:
