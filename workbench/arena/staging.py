@@ -73,7 +73,7 @@ class Staging:
         chunk = tuple(mx.zeros((n, *shape), dtype=dtype) for shape, dtype in self.specs)
         mx.eval(list(chunk))
         raw = [memoryview(a).cast("B") for a in chunk]
-        if _cuda():
+        if cuda_available() and mx.default_device() != mx.cpu:
             for r in raw:
                 ok = _advise_host(np.frombuffer(r, dtype=np.uint8).ctypes.data, r.nbytes)
                 self.advised = ok if self.advised is None else (self.advised and ok)
@@ -84,9 +84,10 @@ class Staging:
         self.rows_per_chunk *= 2  # few chunks: a flush gathers from few arrays
 
 
-def _cuda() -> bool:
+def cuda_available() -> bool:
+    """This MLX build has a usable CUDA backend."""
     cuda = getattr(mx, "cuda", None)
-    return bool(cuda is not None and cuda.is_available() and mx.default_device() != mx.cpu)
+    return bool(cuda is not None and cuda.is_available())
 
 
 class _Location(ctypes.Structure):

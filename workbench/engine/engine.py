@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arena.staging import cuda_available
 from ..arena.counters import Counters, summarize
 from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
 from ..families import family_of, gate_weights, router_logits
@@ -52,7 +53,7 @@ def parse_device(device):
     name = str(device).lower()
     if name not in ("cpu", "gpu"):
         raise ValueError(f"unknown device {device!r}; use cpu or gpu")
-    if name == "gpu" and not (mx.metal.is_available() or _cuda_available()):
+    if name == "gpu" and not (mx.metal.is_available() or cuda_available()):
         raise ValueError("--device gpu: this MLX build has no GPU backend (Metal or CUDA); use --device cpu "
                          "or install MLX's GPU build (mlx on macOS, mlx-cuda on Linux)")
     return mx.gpu if name == "gpu" else mx.cpu
@@ -68,11 +69,6 @@ def to_numpy(a, dtype=np.float32) -> np.ndarray:
 def _finite_flag(logits) -> mx.array:
     """[1] uint32: 1 when every logit is finite."""
     return mx.all(mx.isfinite(logits)).astype(mx.uint32).reshape(1)
-
-
-def _cuda_available() -> bool:
-    cuda = getattr(mx, "cuda", None)
-    return bool(cuda is not None and cuda.is_available())
 
 
 def prefill_cap(layer: int) -> int:
