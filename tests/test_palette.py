@@ -5,26 +5,17 @@ import pandas as pd
 
 from workbench.viz import charts
 from workbench.viz.counter_charts import compare_chart
-from workbench.viz.render import chart_spec, spec_to_svg
+from workbench.viz.render import chart_spec, spec_nodes, spec_to_svg
 from workbench.viz.palette import NAMED, color_of, color_scale, natural_sorted
 
 
 def colours(spec, field):
     """{name: colour} of every colour scale on ``field`` anywhere in a spec."""
     found = {}
-
-    def walk(node):
-        if isinstance(node, dict):
-            enc = node.get("encoding", {}).get("color", {})
-            if enc.get("field") == field and "scale" in enc:
-                found.update(zip(enc["scale"]["domain"], enc["scale"]["range"]))
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(spec)
+    for node in spec_nodes(spec):
+        enc = node.get("encoding", {}).get("color", {})
+        if enc.get("field") == field and "scale" in enc:
+            found.update(zip(enc["scale"]["domain"], enc["scale"]["range"]))
     return found
 
 

@@ -5,7 +5,7 @@ import pandas as pd
 
 from workbench.analysis.ledger import Measurement, build_ledger
 from workbench.viz import charts
-from workbench.viz.render import save_chart
+from workbench.viz.render import save_chart, spec_nodes
 
 
 def _iv(col, vals, **kw):
@@ -14,21 +14,8 @@ def _iv(col, vals, **kw):
 
 
 def _marks(spec):
-    out = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            m = node.get("mark")
-            if m is not None:
-                out.append(m if isinstance(m, str) else m.get("type"))
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(spec)
-    return out
+    marks = (node.get("mark") for node in spec_nodes(spec))
+    return [m if isinstance(m, str) else m.get("type") for m in marks if m is not None]
 
 
 def test_interval_charts_draw_bars_and_render(tmp_path):

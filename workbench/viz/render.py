@@ -90,26 +90,25 @@ def spec_to_png(spec: dict, scale: float = 2.0) -> bytes:
     return vlc.vegalite_to_png(spec, vl_version=vl_version(), scale=scale)
 
 
+def spec_nodes(node, skip=()):
+    """Every dict in a Vega-Lite spec, depth first (keys in ``skip`` are not entered)."""
+    if isinstance(node, dict):
+        yield node
+        for k, v in node.items():
+            if k not in skip:
+                yield from spec_nodes(v, skip)
+    elif isinstance(node, list):
+        for v in node:
+            yield from spec_nodes(v, skip)
+
+
 def spec_rows(spec: dict) -> int:
     """Number of data rows inlined in a spec (top-level ``datasets`` and any ``data.values``)."""
-    n = 0
-    for values in (spec.get("datasets") or {}).values():
-        n += len(values)
-
-    def walk(node):
-        nonlocal n
-        if isinstance(node, dict):
-            data = node.get("data")
-            if isinstance(data, dict) and isinstance(data.get("values"), list):
-                n += len(data["values"])
-            for k, v in node.items():
-                if k != "datasets":
-                    walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(spec)
+    n = sum(len(values) for values in (spec.get("datasets") or {}).values())
+    for node in spec_nodes(spec, skip=("datasets",)):
+        data = node.get("data")
+        if isinstance(data, dict) and isinstance(data.get("values"), list):
+            n += len(data["values"])
     return n
 
 
