@@ -95,6 +95,7 @@ class Arena:
         self._exposed: list[int] = []
         self.key_of = [-1] * n_slots
         self.smap: dict[int, int] = {}
+        self.mapped = np.zeros(self.lut.shape, dtype=bool)  # (layer, expert) has a slot: published or in flight
         self.published = [False] * n_slots
         self.pinned = [False] * n_slots
         self._pins: list[int] = []
@@ -124,7 +125,7 @@ class Arena:
         return self.lut[layer] != self.placeholder
 
     def is_mapped(self, layer: int, expert: int) -> bool:
-        return layer * self.E + expert in self.smap
+        return bool(self.mapped[layer, expert])
 
     def device_lut(self, layers):
         """(layer -> ``lut`` row as a device array, a host copy of ``lut``), both made again only when
@@ -381,6 +382,7 @@ class Arena:
         key = self.key_of[s]
         if key >= 0:
             del self.smap[key]
+            self.mapped[key // self.E, key % self.E] = False
             self.policy.remove(key)
             if self.lut[key // self.E, key % self.E] == s:
                 self.lut[key // self.E, key % self.E] = self.placeholder
@@ -403,6 +405,7 @@ class Arena:
     def _assign(self, s, key):
         self.key_of[s] = key
         self.smap[key] = s
+        self.mapped[key // self.E, key % self.E] = True
         self.published[s] = False
 
     def _read(self, s, key, batch) -> ReadRequest:

@@ -421,8 +421,9 @@ class Engine(SpeculativeMixin):
         """A layer's experts are known (host ids), before the arena claims them: the
         ``experts.selected`` hook point carries what recorders need (the trace subscribes here),
         then the planner learns the route."""
-        if self.hooks.active:
-            self.hooks.fire(self.names[layer]["experts.selected"], ids, layer=layer, step=self.step,
+        name = self.names[layer]["experts.selected"]
+        if self.hooks.active and self.hooks.subscribers(name):  # its context is built only for a listener
+            self.hooks.fire(name, ids, layer=layer, step=self.step,
                             phase=self.counters.phase.get(self.step, "decode"), position=self._pos0,
                             logits=self._logits.get(layer), moe_input=self._moe_in.get(layer),
                             resident=self.arena.published_experts(layer),

@@ -85,12 +85,7 @@ class Planner:
 
     def _read(self, engine, target, z, width) -> None:
         arena = engine.arena
-        mapped = np.zeros(engine.m.n_experts, dtype=bool)
-        lo = target * arena.E
-        for key in arena.smap:
-            if lo <= key < lo + arena.E:
-                mapped[key - lo] = True
-        cands = ahead_candidates(z, mapped, width, self.mode, self.p, self.b, self.r1,
+        cands = ahead_candidates(z, arena.mapped[target], width, self.mode, self.p, self.b, self.r1,
                                  resident_mask=arena.resident_mask(target))
         self.pending[target] = cands
         self.recent[target] = [cands.tolist()]
