@@ -14,6 +14,7 @@ reads them over the interconnect. Where that advice is unavailable the rows work
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 
@@ -105,36 +106,26 @@ def _advise_host(ptr: int, size: int) -> bool:
     if lib is None:
         return False
     p, n = ctypes.c_void_p(ptr), ctypes.c_size_t(size)
-    v2 = getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 12.2+: location structs
-    if v2 is not None:
-        return (v2(p, n, _SET_PREFERRED_LOCATION, _Location(_HOST, 0)) == 0
-                and v2(p, n, _SET_ACCESSED_BY, _Location(_DEVICE, 0)) == 0)
+    advise = getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 12.2+; CUDA 13's cudaMemAdvise takes the same locations
     version = ctypes.c_int()
-    if lib.cudaRuntimeGetVersion(ctypes.byref(version)) != 0:
-        return False
-    if version.value >= 13000:  # CUDA 13: cudaMemAdvise takes a location struct
-        f = lib.cudaMemAdvise
-        return (f(p, n, _SET_PREFERRED_LOCATION, _Location(_HOST, 0)) == 0
-                and f(p, n, _SET_ACCESSED_BY, _Location(_DEVICE, 0)) == 0)
-    f = lib.cudaMemAdvise
-    return f(p, n, _SET_PREFERRED_LOCATION, ctypes.c_int(_CPU_DEVICE_ID)) == 0 and f(p, n, _SET_ACCESSED_BY, ctypes.c_int(0)) == 0
+    if advise is None and lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0 and version.value >= 13000:
+        advise = lib.cudaMemAdvise
+    if advise is not None:
+        host, device = _Location(_HOST, 0), _Location(_DEVICE, 0)
+    else:  # older runtimes take a device id
+        advise, host, device = lib.cudaMemAdvise, ctypes.c_int(_CPU_DEVICE_ID), ctypes.c_int(0)
+    return advise(p, n, _SET_PREFERRED_LOCATION, host) == 0 and advise(p, n, _SET_ACCESSED_BY, device) == 0
 
 
-_CUDART = []
-
-
+@functools.lru_cache(maxsize=1)
 def _cudart():
     """The CUDA runtime MLX loaded (same soname, so the same library and context), or None."""
-    if not _CUDART:
-        lib = None
-        names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
-        here = os.path.dirname(mx.__file__)
-        names += sorted(glob.glob(os.path.join(here, "..", "nvidia", "cu*", "lib", "libcudart.so*")))
-        for name in names:
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
-        _CUDART.append(lib)
-    return _CUDART[0]
+    here = os.path.dirname(mx.__file__)
+    names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+    names += sorted(glob.glob(os.path.join(here, "..", "nvidia", "cu*", "lib", "libcudart.so*")))
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
