@@ -105,7 +105,6 @@ class Arena:
         self.free = list(range(n_slots))
         self.gen = 0
         self.step = 0
-        self.guard = None  # bool per slot: prefetches may not evict these (a pass still reads them)
 
     def preload(self, keys) -> None:
         """Read ``keys`` (a policy's warm set, e.g. a hotlist) before the first request, published."""
@@ -281,12 +280,13 @@ class Arena:
     def speculative_room(self, top_k: int) -> int:
         return self.n_slots - 2 * top_k - len(self.spec) - len(self.limbo)
 
-    def prefetch(self, layer: int, expert: int, top_k: int) -> ReadRequest | None:
-        """Start a speculative read of (layer, expert); never publishes, never evicts ``layer``."""
+    def prefetch(self, layer: int, expert: int, top_k: int, evict: bool = True) -> ReadRequest | None:
+        """Start a speculative read of (layer, expert); never publishes, never evicts ``layer``;
+        with ``evict=False`` it takes a free slot or nothing."""
         key = layer * self.E + expert
         if key in self.smap or self.speculative_room(top_k) <= 0:
             return None
-        s = self._victim(avoid_layer=layer, required=False)
+        s = self._victim(avoid_layer=layer, required=False) if evict or self.free else None
         if s is None:
             return None
         self._assign(s, key)
@@ -433,7 +433,7 @@ class Arena:
             s = self.smap[key]
             if self.pinned[s] or s in self.spec or s in self.limbo:
                 continue
-            if avoid_layer is not None and (key // self.E == avoid_layer or (self.guard is not None and self.guard[s])):
+            if avoid_layer is not None and key // self.E == avoid_layer:
                 continue
             break
         else:

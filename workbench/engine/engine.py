@@ -441,18 +441,12 @@ class Engine(SpeculativeMixin):
 
     def _read_next(self, p, ahead):
         """With a planner: read the next token's likely experts now. The next token may already be
-        running on the device: with direct writes (reads land in slot memory at once) no slot its
-        table references may be a victim; staged writes reach a slot only through the device
-        stream, after that token's compute."""
+        running on the device and may read any published slot: with direct writes (reads land in
+        slot memory at once) these reads then take free slots only; staged writes reach a slot only
+        through the device stream, after that token's compute."""
         if self.planner is None or p.step >= self._max_step:
             return
-        if ahead is not None and self.arena.writes == "direct":
-            self.arena.guard = np.zeros(self.n_slots + 1, dtype=bool)
-            self.arena.guard[ahead.table] = True
-        try:
-            self.planner.next_token(self, p.logits)
-        finally:
-            self.arena.guard = None
+        self.planner.next_token(self, p.logits, evict=ahead is None or self.arena.writes != "direct")
 
     def _read_successors(self, layers, ids):
         """After a miss: the perturbed pass's picks for the later layers are good guesses. With a

@@ -66,7 +66,7 @@ class Planner:
             self._read(engine, target, z, self.width)
         engine.counters.row(engine.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
 
-    def next_token(self, engine, logits: dict) -> None:
+    def next_token(self, engine, logits: dict, evict: bool = True) -> None:
         """Optimistic decode, after a token is settled: read the next token's likely experts,
         ranking each MoE layer's router logits of this token (what ``prev`` predicts; a layer
         predictor cannot see the next token's inputs before it runs; ``oracle`` reads the
@@ -80,17 +80,18 @@ class Planner:
             else:
                 z = logits.get(layer)
             if z is not None:
-                self._read(engine, layer, np.asarray(z, dtype=np.float32).reshape(-1, engine.m.n_experts), width)
+                self._read(engine, layer, np.asarray(z, dtype=np.float32).reshape(-1, engine.m.n_experts), width,
+                           evict)
         engine.counters.row(engine.step, self.layers[-1])["predict_ns"] += time.perf_counter_ns() - t0
 
-    def _read(self, engine, target, z, width) -> None:
+    def _read(self, engine, target, z, width, evict=True) -> None:
         arena = engine.arena
         cands = ahead_candidates(z, arena.mapped[target], width, self.mode, self.p, self.b, self.r1,
                                  resident_mask=arena.resident_mask(target))
         self.pending[target] = cands
         self.recent[target] = [cands.tolist()]
         for e in self.gate.filter(target, cands):
-            arena.prefetch(target, e, engine.top_k)
+            arena.prefetch(target, e, engine.top_k, evict)
 
     def _predict(self, engine, layer, moe_input, logits):
         E = engine.m.n_experts
