@@ -5,6 +5,7 @@
 #   bash scripts/gpu.sh bench   engine benchmarks (reference and mid-size model) with host profiles,
 #                               read path and cold streaming
 #   bash scripts/gpu.sh nan     the NaN probe (resident mlx-lm and the engine, repeated)
+#   bash scripts/gpu.sh kernels the GPU kernels per decode token, resident mlx-lm vs the engine (needs torch)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -22,10 +23,14 @@ fi
 if [ "$what" = nan ]; then
   timeout 150 python3 bench/nan_probe.py --device gpu --runs 4 --processes 3 --tokens 32 2>&1 | tee "$OUT/nan.txt"
 fi
+if [ "$what" = kernels ]; then
+  timeout ${KERNELS_S:-150} python3 bench/gpu_kernels.py --tokens 32 2>&1 | tee "$OUT/kernels_ref.txt"
+  timeout ${KERNELS_S:-150} python3 bench/gpu_kernels.py --mid --tokens 24 2>&1 | tee "$OUT/kernels_mid.txt"
+fi
 if [ "$what" = bench ]; then
   timeout ${BENCH_S:-200} python3 bench/bench_engine.py --device gpu --tokens 64 --reps 3 --arenas ${ARENAS:-1.0,0.5,0.25} \
     --decode auto,layer --profile ${PROFILE:-0} 2>&1 | tee "$OUT/bench_ref.txt"
-  timeout ${BENCH_S:-200} python3 bench/bench_engine.py --mid --device gpu --tokens 48 --reps 3 --arenas 1.0,0.25 \
+  [ "${MID:-1}" = 1 ] && timeout ${BENCH_S:-200} python3 bench/bench_engine.py --mid --device gpu --tokens 48 --reps 3 --arenas 1.0,0.25 \
     --decode auto,layer --writes ${MID_WRITES:-staged,direct} --profile ${PROFILE:-0} 2>&1 | tee "$OUT/bench_mid.txt"
   [ -z "${QUICK:-}" ] && timeout 60 python3 bench/bench_readpath.py --device gpu --slot-writes-only --reps 3 2>&1 \
     | tee "$OUT/readpath.txt"
