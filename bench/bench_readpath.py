@@ -1,7 +1,7 @@
 """Read path: cold GB/s of the store's blob reads (1/2/4/8 threads) vs a plain sequential read
 of the same file in the same mode, on a store with blobs of 1 MiB or more; and the cost of landing
 a read in a slot that the device then computes on, per slot-write mode (direct: preadv into the
-slot's memory; staged: preadv into a staging row, then a device gather and scatter into the slot).
+slot's memory; staged: preadv into a pinned bounce row, then a copy into the slot).
 
     python bench/bench_readpath.py [--store DIR] [--device gpu] [--slot-writes-only]
 """
@@ -64,8 +64,8 @@ def slot_writes(store, n=64, reps=3):
         finally:
             io.close()
             reader.close()
-        advised = getattr(arena.staging, "advised", None)
-        label = writes if advised is None else f"{writes} (rows advised to the host: {advised})"
+        device = getattr(arena.staging, "device_copy", None)
+        label = writes if device is None else f"{writes} ({'device copy' if device else 'host copy'})"
         rows.append((label, statistics.median(per)))
     return rows
 

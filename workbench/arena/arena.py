@@ -14,11 +14,10 @@ pass can run without asking the host which experts are resident (verified afterw
 Slot writes, per backend (``writes``):
   direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
            memory (CPU, Metal)
-  staged   reads land in host-written staging rows (``staging``); a claimed read is copied
-           into its slot on the device (a gather, then a scatter), ordered on the stream before
-           any compute that reads it (CUDA, whose managed pages would otherwise migrate on every
-           host write)
-  none     no slot memory: reads land nowhere and ``flush`` does nothing; the simulators
+  staged   reads land in a bounce row of host memory, which the reading thread copies into
+           the slot (``staging``: pinned rows and a DMA on CUDA, whose managed slot pages would
+           otherwise migrate to the host on every read and fault back on the next kernel)
+  none     no slot memory: reads land nowhere; the simulators
            drive the same rules with an I/O backend of their own (``sim.vio``)
 
 The I/O backend (``scheduler``) takes ``submit``, ``submit_many``, ``promote``, ``cancel`` and
@@ -85,10 +84,7 @@ class Arena:
             raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
             sizes = [t.nbytes for t in manifest.tensors]
             self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
-        self._staged: list = []  # (slot, staging row) claimed reads waiting to be copied in (staged)
-        self.staging = None
-        if self.writes == "staged":
-            self.staging = Staging([(t.shape, _DTYPES[t.dtype]) for t in manifest.tensors])
+        self.staging = Staging([self.tensors[t.name] for t in manifest.tensors]) if self.writes == "staged" else None
         self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
         self.version = 0  # bumped whenever ``lut`` changes
         self._device_lut = (None, {}, None)  # (version, layer -> lut row on the device, host copy)
@@ -97,6 +93,7 @@ class Arena:
         self.smap: dict[int, int] = {}
         self.mapped = np.zeros(self.lut.shape, dtype=bool)  # (layer, expert) has a slot: published or in flight
         self.published = [False] * n_slots
+        self.n_published, self.n_routed = 0, len(manifest.moe_layers) * self.E
         self.pinned = [False] * n_slots
         self._pins: list[int] = []
         self.spec: dict[int, ReadRequest] = {}  # slot -> unclaimed speculative read
@@ -139,13 +136,21 @@ class Arena:
         """The published residency set, as a bit mask over (layer, expert)."""
         return np.packbits(self.lut != self.placeholder).tobytes()
 
+    @property
+    def frozen(self) -> bool:
+        """Every routed expert is published: nothing can miss, so nothing is ever evicted again, and
+        the policy, never asked for a victim again, is no longer touched."""
+        return self.n_published == self.n_routed
+
     def settle_hits(self, layers, ids) -> None:
         """What ``at_layer`` + ``release`` + ``after_layer`` do, layer after layer, when every wanted
-        expert is published and no speculation is open (one token's ids per layer: distinct)."""
-        keys = np.asarray(layers, dtype=np.int64)[:, None] * self.E + np.sort(ids, axis=1)
+        expert is published and no speculation is open (one token's ids per layer: distinct;
+        None only when frozen)."""
         for layer in layers:
-            self.counters.row(self.step, layer)["hits"] += ids.shape[1]
-        self.policy.access_many(keys.reshape(-1).tolist())
+            self.counters.row(self.step, layer)["hits"] += self.m.top_k
+        if not self.frozen:
+            keys = np.asarray(layers, dtype=np.int64)[:, None] * self.E + np.sort(ids, axis=1)
+            self.policy.access_many(keys.reshape(-1).tolist())
         self.gen += len(layers)
 
     # ---- demand path -------------------------------------------------------------------
@@ -162,7 +167,8 @@ class Arena:
                 self._pins.append(s)
         if all(s is not None and self.published[s] for s in slots):  # every wanted expert hits
             c["hits"] += len(keys)
-            self.policy.access_many(keys)
+            if not self.frozen:
+                self.policy.access_many(keys)
             if self.spec:
                 self._to_limbo(layer)
             if self.hooks.active:
@@ -173,7 +179,7 @@ class Arena:
                     self.release()
                     raise
             return self.lut[layer]
-        waits, batch, fresh, landed, missed = [], [], [], [], []
+        waits, batch, fresh, missed = [], [], [], []
         t0 = time.perf_counter_ns()
         try:
             for key, s in zip(keys, slots):
@@ -181,9 +187,7 @@ class Arena:
                 if req is not None:
                     self.limbo.pop(s, None)
                     self.policy.access(key, speculative=True)
-                    if req.state == DONE:
-                        fresh.append(s)  # on an error below it is unmapped: its staged data was not copied in
-                        landed.append(req)
+                    if req.state == DONE:  # its data is in the slot: on an error below it stays mapped
                         self._outcome(req, "useful_timely", layer)
                     elif req.finished:  # cancelled or failed before it was claimed: read it now
                         fresh.append(s)
@@ -216,7 +220,7 @@ class Arena:
             batch = []
             self._wait_all(waits)
         except BaseException:
-            self._drop_failed(waits, batch, fresh, landed)
+            self._drop_failed(waits, batch, fresh)
             self.release()
             raise
         finally:
@@ -226,7 +230,6 @@ class Arena:
             s = self.smap[key]
             if not self.published[s]:
                 self._publish(s)
-        self._commit(landed + waits)
         self._to_limbo(layer)
         try:
             for req in waits:
@@ -247,7 +250,6 @@ class Arena:
         for req in reqs:
             if req.state == DONE and self.spec.get(req.slot) is req:
                 key = self.key_of[req.slot]
-                self._commit([req])
                 self.lut[key // self.E, key % self.E] = req.slot
                 self._exposed.append(req.slot)
                 self.version += 1
@@ -326,29 +328,16 @@ class Arena:
             raise error
 
     # ---- slot writes -------------------------------------------------------------------
-    def flush(self) -> None:
-        """Staged writes: copy claimed reads into their slots, per tensor one gather of their staging
-        rows and one lazy scatter, ordered on the device stream before any compute that reads
-        those slots."""
-        if not self._staged:
-            return
-        idx = mx.array([s for s, _ in self._staged], dtype=mx.uint32)
-        for t, part in zip(self.m.tensors, self.staging.gather([row for _, row in self._staged])):
-            self.tensors[t.name][idx] = part
-        self._staged.clear()
-
-    def _commit(self, reqs) -> None:
-        for req in reqs:
-            if req.buffer is not None:
-                self._staged.append((req.slot, req.buffer))
-                req.buffer = None
-        self.flush()
-
     def _recycle(self, req) -> None:
-        """A staged read that will never be copied in gives its staging row back."""
+        """A staged read that never landed gives its bounce row back."""
         if req.buffer is not None:
             self.staging.give(req.buffer)
             req.buffer = None
+
+    def _land(self, req) -> None:
+        """Staged: on the reading thread, once the read is complete (``ReadRequest.land``)."""
+        row, req.buffer = req.buffer, None
+        self.staging.land(row, req.slot)
 
     def _request(self, s, key, speculative=False) -> ReadRequest:
         layer, expert = divmod(key, self.E)
@@ -357,10 +346,10 @@ class Arena:
             req = ReadRequest(blob, None, s, speculative=speculative)
         elif self.views is not None:
             req = ReadRequest(blob, self.views[s], s, speculative=speculative)
-        else:  # staged: a staging row split like the slot's tensors
+        else:  # staged: a bounce row split like the slot's tensors, copied in by the reading thread
             row = self.staging.take()
             req = ReadRequest(blob, row.views, s, speculative=speculative)
-            req.buffer = row
+            req.buffer, req.land = row, self._land
         req.step = self.step
         return req
 
@@ -374,6 +363,7 @@ class Arena:
     def _publish(self, s):
         key = self.key_of[s]
         self.published[s] = True
+        self.n_published += 1
         self.lut[key // self.E, key % self.E] = s
         self.version += 1
 
@@ -387,6 +377,7 @@ class Arena:
             if self.lut[key // self.E, key % self.E] == s:
                 self.lut[key // self.E, key % self.E] = self.placeholder
                 self.version += 1
+        self.n_published -= self.published[s]
         self.key_of[s] = -1
         self.published[s] = False
 
@@ -462,11 +453,10 @@ class Arena:
         if error is not None:
             raise error
 
-    def _drop_failed(self, reqs, unsubmitted, fresh, landed):
+    def _drop_failed(self, reqs, unsubmitted, fresh):
         """After an error in ``at_layer``: never wait for a read that was not submitted; wait for
         the rest; unmap every slot this call assigned whose read did not complete. Reads that did
-        complete (``landed``: claimed speculative ones) stay mapped, unpublished, with their data
-        in the slot (staged writes are copied in now)."""
+        complete (claimed speculative ones too) stay mapped, unpublished, with their data in the slot."""
         for req in unsubmitted:
             req.state = CANCELLED
             req.event.set()
@@ -476,9 +466,7 @@ class Arena:
                 self.spec.pop(req.slot, None)
                 self._recycle(req)
                 self._unmap(req.slot)
-        completed = [req for req in list(reqs) + list(landed) if req.state == DONE]
-        self._commit(completed)
-        done = {req.slot for req in completed}
+        done = {req.slot for req in reqs if req.state == DONE}
         for s in fresh:
             if s not in done and self.key_of[s] >= 0:
                 self._unmap(s)

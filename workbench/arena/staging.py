@@ -1,14 +1,15 @@
-"""Staging rows for staged slot writes: reads land in host-written rows of MLX arrays shaped like
-the slot tensors, and a flush copies them into their slots on the device (per tensor: a gather
-from the rows, then a scatter).
+"""Staged slot writes: a read lands in a bounce row of host memory, and the thread that read it
+copies the row into its slot before the read counts as done.
 
-A row is reusable once the gather that read it has run: ``gather`` records its lazy output, and
-``take`` evaluates pending gathers only when no row is free (in steady state they ran long ago).
+On CUDA the rows are pinned (``cudaHostAlloc``) and the copy is a DMA (``cudaMemcpyAsync`` on the
+reading thread's own stream, then a wait for it) into the slot tensors, whose managed pages are
+advised to live on the GPU: the host never touches slot memory, so no page migrates back and
+forth (``os.preadv`` straight into managed memory moves its pages to the host, and the GPU then
+faults every one of them back). Elsewhere the rows are plain host memory and the copy is a host
+copy, so the CPU runs the same rules.
 
-On CUDA, MLX memory is managed memory, whose pages migrate to whichever side touched them last:
-a host write after a device read faults every page back. The rows are advised to live on the
-host and to be mapped for the GPU (``cudaMemAdvise``), so host writes never fault and the device
-reads them over the interconnect. Where that advice is unavailable the rows work unadvised.
+A slot's data is in place when its read is done, as with direct writes: the engine orders slot
+reuse against the device's compute the same way for both.
 """
 
 from __future__ import annotations
@@ -17,72 +18,108 @@ import ctypes
 import functools
 import glob
 import os
+import threading
+import weakref
+from collections import deque
 
 import mlx.core as mx
 import numpy as np
 
 
 class Row:
-    __slots__ = ("chunk", "index", "views")
+    __slots__ = ("chunk", "views", "ptrs")
 
-    def __init__(self, chunk, index, views):
-        self.chunk, self.index, self.views = chunk, index, views
+    def __init__(self, chunk, views, ptrs):
+        self.chunk, self.views, self.ptrs = chunk, views, ptrs  # chunk: keeps the memory alive
 
 
 class Staging:
-    """Rows shaped like one expert's tensors: ``specs`` is [(shape, mx dtype)] in the slot's order;
-    a row's ``views`` are one writable byte view per tensor (what a read fills)."""
+    """Bounce rows for the slot tensors ``tensors`` ([n_slots + 1, ...] MLX arrays, in the slot's
+    order); a row's ``views`` are one writable byte view per tensor (what a read fills)."""
 
-    def __init__(self, specs, rows_per_chunk=32):
-        self.specs = [(tuple(shape), dtype) for shape, dtype in specs]
+    def __init__(self, tensors, rows_per_chunk=16):
+        raw = [memoryview(a).cast("B") for a in tensors]
+        self.sizes = [r.nbytes // a.shape[0] for r, a in zip(raw, tensors)]
         self.rows_per_chunk = rows_per_chunk
-        self.chunks: list[tuple] = []  # per chunk: one MLX array per tensor, [rows, *shape]
-        self.free: list[Row] = []
-        self.pending: list[tuple[list, list[Row]]] = []  # (lazy gathers, the rows they read)
-        self.advised = None  # True / False once the first chunk exists (CUDA only; None elsewhere)
+        self.free: deque[Row] = deque()  # taken on the decode thread, given back by readers
+        self._cuda = _cudart() if cuda_available() and mx.default_device() != mx.cpu else None
+        self.device_copy = self._cuda is not None and all(_on_gpu(self._cuda, _address(r), r.nbytes) for r in raw)
+        if self.device_copy:
+            self.bases = [_address(r) for r in raw]
+        else:
+            self.slot_views = raw
+        self._local = threading.local()
 
     def take(self) -> Row:
-        if not self.free and self.pending:
-            mx.eval([g for gathers, _ in self.pending for g in gathers])
-            for _, rows in self.pending:
-                self.free.extend(rows)
-            self.pending.clear()
-        if not self.free:
+        try:
+            return self.free.pop()
+        except IndexError:
             self._grow()
-        return self.free.pop()
+            return self.free.pop()
 
     def give(self, row: Row) -> None:
-        """A row that will never be copied in is free at once."""
         self.free.append(row)
 
-    def gather(self, rows) -> list:
-        """The rows' values as one lazy device array per tensor, [len(rows), *shape]."""
-        parts, i = [], 0
-        while i < len(rows):  # consecutive rows of one chunk in one gather
-            j = i
-            while j < len(rows) and rows[j].chunk is rows[i].chunk:
-                j += 1
-            idx = mx.array([r.index for r in rows[i:j]], dtype=mx.uint32)
-            parts.append([a[idx] for a in rows[i].chunk])
-            i = j
-        out = parts[0] if len(parts) == 1 else [mx.concatenate(p) for p in zip(*parts)]
-        self.pending.append((out, list(rows)))
-        return out
+    def land(self, row: Row, slot: int) -> None:
+        """Copy ``row`` into ``slot`` (on the calling thread), then give the row back."""
+        try:
+            if self.device_copy:
+                self._copy_to_device(row, slot)
+            else:
+                for view, n, src in zip(self.slot_views, self.sizes, row.views):
+                    view[slot * n:(slot + 1) * n] = src
+        finally:
+            self.give(row)
+
+    def _copy_to_device(self, row, slot):
+        lib, stream = self._cuda, self._stream()
+        for base, n, src in zip(self.bases, self.sizes, row.ptrs):
+            rc = lib.cudaMemcpyAsync(ctypes.c_void_p(base + slot * n), ctypes.c_void_p(src), ctypes.c_size_t(n),
+                                     _MEMCPY_DEFAULT, stream)
+            if rc != 0:
+                raise RuntimeError(f"cudaMemcpyAsync into slot {slot} failed (CUDA error {rc})")
+        rc = lib.cudaStreamSynchronize(stream)
+        if rc != 0:
+            raise RuntimeError(f"copy into slot {slot} failed (CUDA error {rc})")
+
+    def _stream(self):
+        """This thread's own non-blocking CUDA stream (never ordered behind MLX's compute)."""
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = ctypes.c_void_p()
+            if self._cuda.cudaStreamCreateWithFlags(ctypes.byref(stream), 1) != 0:
+                raise RuntimeError("cudaStreamCreateWithFlags failed")
+            self._local.stream = stream
+        return stream
 
     def _grow(self):
-        n = self.rows_per_chunk
-        chunk = tuple(mx.zeros((n, *shape), dtype=dtype) for shape, dtype in self.specs)
-        mx.eval(list(chunk))
-        raw = [memoryview(a).cast("B") for a in chunk]
-        if cuda_available() and mx.default_device() != mx.cpu:
-            for r in raw:
-                ok = _advise_host(np.frombuffer(r, dtype=np.uint8).ctypes.data, r.nbytes)
-                self.advised = ok if self.advised is None else (self.advised and ok)
-        self.chunks.append(chunk)
-        sizes = [r.nbytes // n for r in raw]
+        n, row_bytes = self.rows_per_chunk, sum(self.sizes)
+        chunk = _Pinned(self._cuda, n * row_bytes) if self.device_copy else bytearray(n * row_bytes)
+        raw = memoryview(chunk.buffer if self.device_copy else chunk).cast("B")
+        base = _address(raw)
         for i in range(n):
-            self.free.append(Row(chunk, i, [r[i * b:(i + 1) * b] for r, b in zip(raw, sizes)]))
-        self.rows_per_chunk *= 2  # few chunks: a flush gathers from few arrays
+            off, views, ptrs = i * row_bytes, [], []
+            for size in self.sizes:
+                views.append(raw[off:off + size])
+                ptrs.append(base + off)
+                off += size
+            self.free.append(Row(chunk, views, ptrs))
+        self.rows_per_chunk *= 2
+
+
+class _Pinned:
+    """Page-locked host memory, freed when the last row that uses it is gone."""
+
+    def __init__(self, lib, nbytes):
+        ptr = ctypes.c_void_p()
+        if lib.cudaHostAlloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 0) != 0:
+            raise MemoryError(f"cudaHostAlloc of {nbytes} bytes failed")
+        self.buffer = (ctypes.c_ubyte * nbytes).from_address(ptr.value)
+        weakref.finalize(self, lib.cudaFreeHost, ptr)
+
+
+def _address(view) -> int:
+    return np.frombuffer(view, dtype=np.uint8).ctypes.data
 
 
 def cuda_available() -> bool:
@@ -95,26 +132,25 @@ class _Location(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
-_SET_PREFERRED_LOCATION, _SET_ACCESSED_BY = 3, 5
-_HOST, _DEVICE = 2, 1  # cudaMemLocationType
-_CPU_DEVICE_ID = -1
+_MEMCPY_DEFAULT = 4
+_SET_PREFERRED_LOCATION = 3
+_DEVICE = 1  # cudaMemLocationType
 
 
-def _advise_host(ptr: int, size: int) -> bool:
-    """Prefer host residency for [ptr, ptr + size) and map it for GPU 0; False where unavailable."""
-    lib = _cudart()
-    if lib is None:
-        return False
-    p, n = ctypes.c_void_p(ptr), ctypes.c_size_t(size)
-    advise = getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 12.2+; CUDA 13's cudaMemAdvise takes the same locations
+def _on_gpu(lib, ptr: int, size: int) -> bool:
+    """Advise [ptr, ptr + size) (managed memory) to live on GPU 0 and move it there now; False where
+    the runtime refuses (then the caller copies on the host)."""
+    p, n, gpu = ctypes.c_void_p(ptr), ctypes.c_size_t(size), _Location(_DEVICE, 0)
     version = ctypes.c_int()
-    if advise is None and lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0 and version.value >= 13000:
-        advise = lib.cudaMemAdvise
-    if advise is not None:
-        host, device = _Location(_HOST, 0), _Location(_DEVICE, 0)
-    else:  # older runtimes take a device id
-        advise, host, device = lib.cudaMemAdvise, ctypes.c_int(_CPU_DEVICE_ID), ctypes.c_int(0)
-    return advise(p, n, _SET_PREFERRED_LOCATION, host) == 0 and advise(p, n, _SET_ACCESSED_BY, device) == 0
+    new = lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0 and version.value >= 13000
+    advise = lib.cudaMemAdvise if new else getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 13 / 12.2+: locations
+    prefetch = lib.cudaMemPrefetchAsync if new else getattr(lib, "cudaMemPrefetchAsync_v2", None)
+    if advise is None or prefetch is None:  # older runtimes take a device id
+        ok = lib.cudaMemAdvise(p, n, _SET_PREFERRED_LOCATION, ctypes.c_int(0)) == 0
+        ok = ok and lib.cudaMemPrefetchAsync(p, n, ctypes.c_int(0), None) == 0
+    else:
+        ok = advise(p, n, _SET_PREFERRED_LOCATION, gpu) == 0 and prefetch(p, n, gpu, ctypes.c_uint(0), None) == 0
+    return ok and lib.cudaDeviceSynchronize() == 0
 
 
 @functools.lru_cache(maxsize=1)

@@ -8,6 +8,7 @@ expert math on slot ids, release, and schedule read-ahead for later layers.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import time
 from contextlib import contextmanager
@@ -69,6 +70,16 @@ def to_numpy(a, dtype=np.float32) -> np.ndarray:
 def _finite_flag(logits) -> mx.array:
     """[1] uint32: 1 when every logit is finite."""
     return mx.all(mx.isfinite(logits)).astype(mx.uint32).reshape(1)
+
+
+def _logit_sum(logits) -> mx.array:
+    """[1] uint32: the bits of the logits' float32 sum, finite when every logit is (one reduction;
+    a sum that overflows is checked again exactly, see ``_sum_finite``)."""
+    return mx.view(mx.sum(logits.astype(mx.float32)).reshape(1), mx.uint32)
+
+
+def _sum_finite(bits) -> bool:
+    return bool(np.isfinite(np.asarray(bits, dtype=np.uint32).view(np.float32)).all())
 
 
 def prefill_cap(layer: int) -> int:
@@ -142,6 +153,7 @@ class Engine(SpeculativeMixin):
         if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
             warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
         self.arena.preload(list(dict.fromkeys(warm)))
+        self.views = self._frozen_views()
         self.recorder = None
         self.planner = None  # read-ahead planner (routing.ahead), optional; set by configure
         self.router = None  # cache-aware router (routing.cache_aware), optional; None = exact
@@ -150,6 +162,27 @@ class Engine(SpeculativeMixin):
         self._prompt_hot = []
         self.step = 0
         configure(self, ahead)  # the planner and router (None: exact, no read-ahead)
+
+    def _frozen_views(self) -> dict:
+        """Once every routed expert is published nothing is ever evicted, so residency is frozen.
+        Each layer's experts then sit in consecutive slots in id order (``Arena.preload``): layer ->
+        a copy of its expert module computing on views of those slots with the router's own ids,
+        for optimistic decode (no table lookup, no miss to verify). {} otherwise."""
+        if not self.arena.frozen:
+            return {}
+        views = {}
+        for layer, inner in self.inners.items():
+            row = self.arena.lut[layer]
+            first = int(row[0])
+            if not np.array_equal(row, first + np.arange(self.m.n_experts)):
+                return {}
+            shared = {id(a): a for _, a in tree_flatten(inner.parameters())}  # the copy shares every array...
+            view = copy.deepcopy(inner, shared)
+            view.update(tree_unflatten([(t.name, self.arena.tensors[t.name][first:first + self.m.n_experts])
+                                        for t in self.m.tensors]))  # ...but computes on its layer's slots
+            views[layer] = view
+        mx.eval([a for v in views.values() for _, a in tree_flatten(v.parameters())])
+        return views
 
     @contextmanager
     def routing(self, router=None, planner=None):
@@ -192,6 +225,7 @@ class Engine(SpeculativeMixin):
         model.load_weights(list(resident.items()), strict=False)
         mx.eval(model.parameters())
         self.blocks, self.gates = {}, {}
+        self.inners = {layer: module for layer, (_, module) in experts.items()}
         for layer, (path, module) in experts.items():
             block_path = path.rpartition(".")[0]
             block = get_path(model, block_path)
@@ -283,8 +317,8 @@ class Engine(SpeculativeMixin):
                     self._moe_in, self._logits = {}, {}
                     logits = self.model(y[None], cache=cache)[:, -1, :]
                     y = self._sample(logits, sampler)
-                    host = np.array(mx.concatenate([y.astype(mx.uint32), _finite_flag(logits)]))  # one transfer
-                    if not host[1]:
+                    host = np.array(mx.concatenate([y.astype(mx.uint32), _logit_sum(logits)]))  # one transfer
+                    if not _sum_finite(host[1:]):
                         self._check_finite(logits)
                     self.controller.observe(self._layers_missed())
                     token = int(host[0])
@@ -301,8 +335,6 @@ class Engine(SpeculativeMixin):
             bar.close()
             if ahead is not None:
                 mx.eval(ahead.y)  # nothing may still read a slot when the arena is cleaned up
-            # no lazy slot write outlives the run: MLX's CUDA streams belong to the thread that built them
-            mx.eval(list(self.arena.tensors.values()))
             self._opt = None
             self.arena.finish_speculation()
             self.arena.release()
@@ -341,6 +373,9 @@ class Engine(SpeculativeMixin):
 
     def _run_pass(self, p, y, cache):
         p.lut, p.table = self.arena.device_lut(self.m.moe_layers)
+        p.views = self.views
+        # a frozen arena has no miss to verify: ids come back only for whoever reads them
+        p.with_ids = not self.views or self.hooks.active or self.recorder is not None or self.planner is not None
         p.input = y
         self._opt, self._logits, self._moe_in = p, p.logits, p.moe_in
         try:
@@ -351,9 +386,9 @@ class Engine(SpeculativeMixin):
         p.y = mx.argmax(logits, axis=-1)
         computed = [layer for layer in self.m.moe_layers if layer >= p.start]
         p.computed = computed
-        # one array, one transfer: every layer's ids, then the finite flag, then the token
-        p.host = mx.concatenate([p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed]
-                                + [_finite_flag(logits), p.y.astype(mx.uint32)])
+        # one array, one transfer: every layer's ids, then the logits' sum (finite?), then the token
+        ids = [p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed] if p.with_ids else []
+        p.host = mx.concatenate(ids + [_logit_sum(logits), p.y.astype(mx.uint32)])
         # what the trace keeps (router logits and MoE inputs) or the planner reads (logits), converted
         # on the device in the same pass and moved in one transfer each
         keep = (p.logits, p.moe_in) if self.recorder is not None else (p.logits,) if self.planner is not None else ()
@@ -368,17 +403,19 @@ class Engine(SpeculativeMixin):
         settled, t0 = 0, time.perf_counter_ns()
         while True:
             host = np.array(p.host)
-            ids, p.finite_ok, p.token = host[:-2].reshape(-1, k), bool(host[-2]), int(host[-1])
+            p.finite_ok, p.token = _sum_finite(host[-2:-1]), int(host[-1])
+            ids = host[:-2].reshape(-1, k) if p.with_ids else None
             layers = p.computed
             self._host_values(p, layers)
             skip = settled - (len(self.m.moe_layers) - len(layers))  # layers of this pass already settled
-            miss = first_miss(self.arena.lut, p.table, self.arena.placeholder, layers[skip:], ids[skip:])
+            miss = None if ids is None else first_miss(self.arena.lut, p.table, self.arena.placeholder,
+                                                       layers[skip:], ids[skip:])
             stop = len(layers) if miss is None else skip + miss
             if self.hooks.active or self.recorder is not None or self.planner is not None or self.arena.spec:
                 for j in range(skip, stop):
                     self._settle(layers[j], ids[j])
             else:
-                self.arena.settle_hits(layers[skip:stop], ids[skip:stop])
+                self.arena.settle_hits(layers[skip:stop], None if ids is None else ids[skip:stop])
             settled += stop - skip
             if miss is None:
                 break
@@ -441,12 +478,11 @@ class Engine(SpeculativeMixin):
 
     def _read_next(self, p, ahead):
         """With a planner: read the next token's likely experts now. The next token may already be
-        running on the device and may read any published slot: with direct writes (reads land in
-        slot memory at once) these reads then take free slots only; staged writes reach a slot only
-        through the device stream, after that token's compute."""
+        running on the device and may read any published slot, and a read lands in its slot at
+        once: these reads then take free slots only."""
         if self.planner is None or p.step >= self._max_step:
             return
-        self.planner.next_token(self, p.logits, evict=ahead is None or self.arena.writes != "direct")
+        self.planner.next_token(self, p.logits, evict=ahead is None)
 
     def _read_successors(self, layers, ids):
         """After a miss: the perturbed pass's picks for the later layers are good guesses. With a

@@ -71,6 +71,8 @@ class OptimisticPass:
         self.saved: dict[int, object] = {}  # decoder layer -> its output in the latest pass
         self.ids: dict[int, mx.array] = {}  # MoE layer -> expert ids recorded in this pass
         self.lut: dict[int, mx.array] = {}  # MoE layer -> expert->slot row on the device (Arena.device_lut)
+        self.views: dict = {}  # MoE layer -> its experts on views of its slots, when the arena is frozen
+        self.with_ids = True  # whether the token's ids come back to the host (always, unless frozen)
         self.logits: dict[int, mx.array] = {}  # MoE layer -> router logits (lazy), for traces and hooks
         self.moe_in: dict[int, mx.array] = {}
         self.attempt = 0  # recomputes so far
@@ -84,6 +86,9 @@ class OptimisticPass:
 
     def experts(self, layer, inner, x, indices):
         self.ids[layer] = indices
+        view = self.views.get(layer)  # a frozen arena: the layer's slots in id order (Engine._frozen_views)
+        if view is not None:
+            return view(x, indices)
         return inner(x, self.lut[layer][indices])
 
 

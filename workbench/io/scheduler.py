@@ -41,7 +41,8 @@ class Done:
 
 class ReadRequest:
     __slots__ = ("blob", "views", "slot", "speculative", "urgent", "state", "event", "error",
-                 "bytes_read", "cancel_flag", "t_submit", "t_start", "t_done", "claimed", "step", "buffer", "page_cached")
+                 "bytes_read", "cancel_flag", "t_submit", "t_start", "t_done", "claimed", "step", "buffer", "land",
+                 "page_cached")
 
     def __init__(self, blob, views, slot, speculative=False):
         self.blob, self.views, self.slot = blob, views, slot
@@ -55,7 +56,8 @@ class ReadRequest:
         self.t_submit = self.t_start = self.t_done = 0
         self.claimed = None  # for speculation: None (not yet) or "late" (claimed while in flight)
         self.step = 0
-        self.buffer = None  # staged slot writes: the staging row the read lands in
+        self.buffer = None  # staged slot writes: the bounce row the read lands in
+        self.land = None  # called with the request by the reading thread once it read it all (staged)
         self.page_cached = None  # demand reads through the page cache: whether the blob was in it before
 
     @property
@@ -148,6 +150,8 @@ class IOScheduler:
                 req.page_cached = self.reader.page_cache.cached(req.blob.offset, req.blob.size)
             req.bytes_read = self.reader.read(req.blob, req.views, lambda: req.cancel_flag)
             state = CANCELLED if req.bytes_read < req.blob.size else DONE
+            if state == DONE and req.land is not None:
+                req.land(req)
         except BaseException as e:  # surfaces on the decode thread via wait()
             req.error, state = e, FAILED
         with self.cv:
