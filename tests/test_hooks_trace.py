@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.engine.engine import Engine
+from workbench.config import AheadConfig
+from workbench.engine.engine import Engine, to_numpy
 from workbench.hooks import run_with_cache, run_with_hooks
 from workbench.trace.recorder import TraceRecorder
-from workbench.trace.schema import TraceError, read_trace
+from workbench.trace.schema import TraceError, read_trace, write_trace
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 
@@ -155,6 +156,67 @@ def test_optimistic_trace_and_hooks_equal_per_layer(tiny, tmp_path):
         assert len(x) == len(y), name
         if name.endswith("experts.selected"):
             assert all(np.array_equal(u.reshape(-1), v.reshape(-1)) for u, v in zip(x, y)), name
+
+
+class PerCallRecorder(TraceRecorder):
+    """Also makes each call's rows at once, the way the recorder did before it kept references."""
+
+    def __init__(self, path, engine):
+        super().__init__(path, moe_input=True)
+        self.engine = engine
+        self.old = {k: [] for k in ("step", "token", "phase", "layer", "selected", "weights", "logits", "resident",
+                                    "moe_input")}
+
+    def add_layer(self, ids, name, layer, step, phase, position, logits, moe_input, resident, predictions, **ctx):
+        super().add_layer(ids, name, layer, step, phase, position, logits, moe_input, resident, predictions, **ctx)
+        ids = ids.reshape(-1, ids.shape[-1])
+        n = ids.shape[0]
+        w = self.engine.gate_weights(layer, ids, logits)
+        if w is not None:
+            order = np.lexsort((ids, -w), axis=-1)
+            ids, w = np.take_along_axis(ids, order, -1), np.take_along_axis(w, order, -1)
+        logits = to_numpy(logits, np.float16).reshape(n, -1) if logits is not None else None
+        c = self.old
+        for t in range(n):
+            c["step"].append(step)
+            c["token"].append(position + t)
+            c["phase"].append(phase)
+            c["layer"].append(layer)
+            c["selected"].append(ids[t].astype(np.int16).tolist())
+            c["weights"].append(None if w is None else w[t].astype(np.float32).tolist())
+            c["logits"].append(None if logits is None else logits[t])
+            c["resident"].append(list(resident))
+        c["moe_input"].extend(list(to_numpy(moe_input, np.float16).reshape(n, -1)))
+        for src, cands in predictions.items():
+            c.setdefault(f"pred_{src}", [None] * (len(c["step"]) - n)).extend(cands)
+        for k, v in c.items():
+            if k.startswith("pred_") and len(v) < len(c["step"]):
+                v.extend([None] * (len(c["step"]) - len(v)))
+
+
+@pytest.mark.parametrize("family, decode, weights", [("qwen3_moe", "layer", True), ("qwen3_moe", "optimistic", True),
+                                                     ("deepseek_v3", "layer", True), ("qwen3_moe", "layer", False)])
+def test_trace_columns_equal_per_call_conversion(tiny, tmp_path, monkeypatch, family, decode, weights):
+    """Rows made in bulk at close are the rows made per call, column by column (deepseek_v3: sigmoid-group
+    logits, lazy until close; ``weights=False``: gate_weights returns None, as for a family not listed in
+    families.py; every family the tests build has weights)."""
+    import pyarrow.parquet as pq
+
+    _, store = tiny(family, 4, layers=4, experts=16, top_k=4)
+    with Engine(store, arena="0.3", decode=decode, ahead=AheadConfig("layer", lookahead=1), progress=False) as eng:
+        if not weights:
+            monkeypatch.setattr(eng, "gate_weights", lambda layer, ids, logits: None)
+        rec = PerCallRecorder(tmp_path / "new.parquet", eng)
+        res = eng.generate(PROMPT, max_tokens=8, trace=rec)
+    if decode == "optimistic":
+        assert res.stats["optimistic_tokens"] > 0 and res.stats["recomputes"] > 0
+    write_trace(tmp_path / "old.parquet", rec.old, {})
+    new, old = (pq.read_table(tmp_path / f"{v}.parquet") for v in ("new", "old"))
+    assert new.column_names == old.column_names and "pred_layer" in new.column_names
+    for name in old.column_names:
+        assert new.column(name).equals(old.column(name)), name
+    assert new.column("weights").null_count == (0 if weights else len(new))
+    assert 0 < new.column("pred_layer").null_count < len(new)  # prefill rows have no prediction
 
 
 def test_page_cache_probe_answers_the_same_from_several_threads(tiny):

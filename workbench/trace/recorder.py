@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,7 +16,8 @@ from .schema import IO_COLUMNS, write_trace
 
 class TraceRecorder:
     """Pass to ``Engine.generate(trace=...)``. ``moe_input`` also stores the MoE block inputs
-    (float16, for lookahead analysis); ``io_events`` records the arena/I/O event table."""
+    (float16, for lookahead analysis); ``io_events`` records the arena/I/O event table. Routing
+    decisions are kept as the engine gives them and converted once, when the run ends."""
 
     def __init__(self, path, moe_input=False, io_events=False):
         self.path = Path(path)
@@ -25,9 +27,7 @@ class TraceRecorder:
         if not self.path.name.endswith(".parquet"):
             raise ValueError(f"trace path {self.path} should end in .parquet")
         self.moe_input = moe_input
-        self.cols = {k: [] for k in ("step", "token", "phase", "layer", "selected", "weights", "logits", "resident")}
-        if moe_input:
-            self.cols["moe_input"] = []
+        self.calls = []  # fields of _Call
         self.io_rows = {k: [] for k in IO_COLUMNS} if io_events else None
         self._hooked = None
 
@@ -36,7 +36,7 @@ class TraceRecorder:
         (``experts.selected``) and, with ``io_events``, the arena's events."""
         if self._hooked is not None:
             return
-        self._hooked = [("layer.*.experts.selected", lambda ids, name, **ctx: self.add_layer(engine, ids, **ctx))]
+        self._hooked = [("layer.*.experts.selected", self.add_layer)]
         if self.io_rows is not None:
             self._hooked += self._io_hooks(engine)
         for n, fn in self._hooked:
@@ -59,32 +59,12 @@ class TraceRecorder:
         hooked.append(("prefetch.outcome", lambda v, name, layer, expert, slot, **c: event(v)(v, name, layer, expert, slot)))
         return hooked
 
-    def add_layer(self, engine, ids, layer, step, phase, position, logits, moe_input, resident, predictions, **ctx):
-        """One routing decision (the ``experts.selected`` hook's value and context) as trace rows."""
-        ids = ids.reshape(-1, ids.shape[-1])
-        n = ids.shape[0]
-        w = engine.gate_weights(layer, ids, logits)
-        if w is not None:
-            order = np.lexsort((ids, -w), axis=-1)  # strongest first, ties by id
-            ids, w = np.take_along_axis(ids, order, -1), np.take_along_axis(w, order, -1)
-        logits = to_numpy(logits, np.float16).reshape(n, -1) if logits is not None else None
-        c = self.cols
-        for t in range(n):
-            c["step"].append(step)
-            c["token"].append(position + t)
-            c["phase"].append(phase)
-            c["layer"].append(layer)
-            c["selected"].append(ids[t].astype(np.int16).tolist())
-            c["weights"].append(None if w is None else w[t].astype(np.float32).tolist())
-            c["logits"].append(None if logits is None else logits[t])
-            c["resident"].append(list(resident))
-        if self.moe_input:
-            c["moe_input"].extend(list(to_numpy(moe_input, np.float16).reshape(n, -1)))
-        for src, cands in predictions.items():
-            c.setdefault(f"pred_{src}", [None] * (len(c["step"]) - n)).extend(cands)
-        for k, v in c.items():  # rows without a prediction: None, so later predictions stay on their rows
-            if k.startswith("pred_") and len(v) < len(c["step"]):
-                v.extend([None] * (len(c["step"]) - len(v)))
+    def add_layer(self, ids, name, layer, step, phase, position, logits, moe_input, resident, predictions, **ctx):
+        """One routing decision (the ``experts.selected`` hook's value and context), kept as given;
+        ``close`` makes the rows. References are enough: MLX arrays are immutable, and the engine's
+        ids and numpy values are fresh host copies it never writes again."""
+        self.calls.append((layer, step, phase, position, ids, logits, moe_input if self.moe_input else None,
+                           resident, predictions))  # a plain tuple: the cheapest to make
 
     def detach(self, engine):
         if self._hooked:
@@ -94,10 +74,6 @@ class TraceRecorder:
 
     def close(self, engine, stats):
         self.detach(engine)
-        nrows = len(self.cols["step"])
-        for k, v in self.cols.items():  # predictor columns started late are padded
-            if len(v) < nrows:
-                v.extend([None] * (nrows - len(v)))
         m = engine.m
         meta = {
             "model_type": m.data["model_type"], "n_layers": m.data["n_layers"], "n_experts": m.n_experts,
@@ -106,4 +82,70 @@ class TraceRecorder:
             "workbench_version": __version__, "arena_slots": engine.n_slots, "policy": engine.arena.policy.name,
             "store": str(engine.root), "stats": {k: v for k, v in stats.items() if not isinstance(v, dict)},
         }
-        write_trace(self.path, self.cols, meta, self.io_rows)
+        write_trace(self.path, self._columns(engine), meta, self.io_rows)
+
+    def _columns(self, engine) -> dict:
+        """The kept calls as trace columns: one row per token, in call order. Gate weights, the
+        strongest-first order and float16 values are computed in bulk, per MoE layer."""
+        calls = [_Call(*c) for c in self.calls]
+        n = [c.ids.size // c.ids.shape[-1] for c in calls]  # rows per call
+        first = np.cumsum([0] + n)
+        rows = int(first[-1])
+        selected, weights, logits = [None] * rows, [None] * rows, [None] * rows
+        groups = {}  # (layer, has logits) -> indices of its calls
+        for i, c in enumerate(calls):
+            groups.setdefault((c.layer, c.logits is not None), []).append(i)
+        for (layer, has_logits), idx in groups.items():
+            at = np.concatenate([np.arange(first[i], first[i + 1]) for i in idx])  # the group's rows
+            ids = np.concatenate([calls[i].ids.reshape(n[i], -1) for i in idx])
+            w = None
+            if has_logits:
+                z = _stack([calls[i].logits for i in idx], [n[i] for i in idx])
+                w = engine.gate_weights(layer, ids, z)
+                _put(logits, at, z.astype(np.float16))
+            if w is not None:
+                order = np.lexsort((ids, -w), axis=-1)  # strongest first, ties by id
+                ids, w = np.take_along_axis(ids, order, -1), np.take_along_axis(w, order, -1)
+                _put(weights, at, w.astype(np.float32).tolist())
+            _put(selected, at, ids.astype(np.int16).tolist())
+
+        def per_row(values):
+            return [v for v, k in zip(values, n) for _ in range(k)]
+
+        cols = {"step": per_row(c.step for c in calls),
+                "token": [c.position + t for c, k in zip(calls, n) for t in range(k)],
+                "phase": per_row(c.phase for c in calls), "layer": per_row(c.layer for c in calls),
+                "selected": selected, "weights": weights, "logits": logits,
+                "resident": per_row(c.resident for c in calls)}
+        if self.moe_input:
+            cols["moe_input"] = list(_stack([c.moe_input for c in calls], n).astype(np.float16))
+        for src in dict.fromkeys(src for c in calls for src in c.predictions):  # in the order first seen
+            col = cols[f"pred_{src}"] = []
+            for c, k in zip(calls, n):  # rows without a prediction: None
+                p = c.predictions.get(src, [])
+                col += [*p, *[None] * (k - len(p))]
+        return cols
+
+
+class _Call(NamedTuple):
+    """One ``experts.selected`` event, as the hook gave it."""
+    layer: int
+    step: int
+    phase: str
+    position: int
+    ids: np.ndarray
+    logits: object  # numpy or MLX array, or None
+    moe_input: object
+    resident: list
+    predictions: dict
+
+
+def _stack(values, n) -> np.ndarray:
+    """numpy or MLX arrays of n[i] rows each, as one float32 array of their rows."""
+    return np.concatenate([to_numpy(v).reshape(k, -1) for v, k in zip(values, n)])
+
+
+def _put(col, at, values):
+    """col[at[i]] = values[i]"""
+    for row, v in zip(at, values):
+        col[row] = v
