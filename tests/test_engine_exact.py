@@ -23,6 +23,7 @@ def test_streamed_equals_resident(tiny, family, bits):
             with Engine(store, arena=arena, decode=decode, progress=False) as eng:
                 res = eng.generate(PROMPT, max_tokens=10)
             where = f"{family} bits={bits} arena={arena} decode={decode}"
+            assert (eng.fast is not None) == (arena == "1.0"), where  # a full arena is frozen: mlx-lm's own model
             assert res.tokens == ref_tokens, where
             np.testing.assert_allclose(res.logprobs, ref_logprobs, atol=TOL, rtol=TOL, err_msg=where)
             assert res.stats["lookups"] == 10 * len(eng.m.moe_layers) * eng.top_k
@@ -75,7 +76,7 @@ def test_full_arena_is_preloaded_and_never_syncs_per_layer(tiny):
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 40)
     with Engine(store, arena="1.0", progress=False) as eng, \
             Engine(store, arena="1.0", decode="layer", progress=False) as slow:
-        assert eng.arena.frozen and set(eng.views) == set(eng.m.moe_layers)
+        assert eng.arena.frozen and set(eng.views) == set(eng.m.moe_layers) and eng.fast is not None
         before = list(eng.arena.policy.order())
         res, res_slow = eng.generate(PROMPT, max_tokens=40), slow.generate(PROMPT, max_tokens=40)
         assert list(eng.arena.policy.order()) == list(slow.arena.policy.order()) == before

@@ -154,6 +154,7 @@ class Engine(SpeculativeMixin):
             warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
         self.arena.preload(list(dict.fromkeys(warm)))
         self.views = self._frozen_views()
+        self.fast = self._fast_model() if self.views else None
         self.recorder = None
         self.planner = None  # read-ahead planner (routing.ahead), optional; set by configure
         self.router = None  # cache-aware router (routing.cache_aware), optional; None = exact
@@ -183,6 +184,15 @@ class Engine(SpeculativeMixin):
             views[layer] = view
         mx.eval([a for v in views.values() for _, a in tree_flatten(v.parameters())])
         return views
+
+    def _fast_model(self):
+        """mlx-lm's own model, sharing every array, with the frozen views as its experts: a frozen
+        arena decodes with it while nothing listens (no probe, no hook point, no table)."""
+        model = build_model(self.config, self.m.data.get("quantized") or None)
+        for layer, (path, _) in expert_modules(model).items():
+            set_path(model, path, self.views[layer])
+        model.load_weights(self._resident, strict=False)
+        return model
 
     @contextmanager
     def routing(self, router=None, planner=None):
@@ -223,6 +233,7 @@ class Engine(SpeculativeMixin):
             diff = sorted(set(want) ^ set(have))[:3] or [k for k in want if want[k] != have.get(k)][:3]
             raise StoreError(f"{RESIDENT} in {self.root} does not match the model (e.g. {diff}); pack the model again")
         model.load_weights(list(resident.items()), strict=False)
+        self._resident = list(resident.items())  # the same arrays: a second model can share them
         mx.eval(model.parameters())
         self.blocks, self.gates = {}, {}
         self.inners = {layer: module for layer, (_, module) in experts.items()}
@@ -376,10 +387,11 @@ class Engine(SpeculativeMixin):
         p.views = self.views
         # a frozen arena has no miss to verify: ids come back only for whoever reads them
         p.with_ids = not self.views or self.hooks.active or self.recorder is not None or self.planner is not None
+        model = self.model if p.with_ids else self.fast
         p.input = y
         self._opt, self._logits, self._moe_in = p, p.logits, p.moe_in
         try:
-            logits = self.model(y[None], cache=cache)[:, -1, :]
+            logits = model(y[None], cache=cache)[:, -1, :]
         finally:
             self._opt = None
         p.out = logits
@@ -411,10 +423,13 @@ class Engine(SpeculativeMixin):
             miss = None if ids is None else first_miss(self.arena.lut, p.table, self.arena.placeholder,
                                                        layers[skip:], ids[skip:])
             stop = len(layers) if miss is None else skip + miss
-            if self.hooks.active or self.recorder is not None or self.planner is not None or self.arena.spec:
-                for j in range(skip, stop):
+            if self.planner is not None or self.arena.spec or self.hooks.subscribers("cache.hit"):
+                for j in range(skip, stop):  # claims that can start reads or fire arena hooks: one by one
                     self._settle(layers[j], ids[j])
             else:
+                if self.hooks.active:
+                    for j in range(skip, stop):
+                        self._selected(layers[j], ids[j].reshape(1, 1, -1))
                 self.arena.settle_hits(layers[skip:stop], None if ids is None else ids[skip:stop])
             settled += stop - skip
             if miss is None:
@@ -520,6 +535,8 @@ class Engine(SpeculativeMixin):
                 v = d.get(layer)
                 if v is not None and not bool(_finite_flag(v).item()):
                     return f"first seen in layer {layer}'s {what}"
+        if not self._moe_in:
+            return "a frozen arena's fast path keeps no layer's values (decode='layer' names the layer)"
         return "every MoE layer's input and router logits were finite (the head or a dense layer produced them)"
 
     def score(self, tokens) -> np.ndarray:
