@@ -253,3 +253,24 @@ def test_page_cache_probe_answers_the_same_from_several_threads(tiny):
                 assert [together[i] for i in stable] == [before[i] for i in stable]
     finally:
         reader.close()
+
+
+def test_probed_reads_say_what_mincore_says_and_read_the_same_bytes(tiny):
+    """Demand reads learn whether their blob was in the page cache from the read itself (RWF_NOWAIT
+    where the kernel takes it): the same answer as mincore on warm blobs, the same bytes as a read."""
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import BlobReader
+
+    _, store = tiny("qwen3_moe", 4)
+    m = Manifest.load(store)
+    reader = BlobReader(store, m)
+    try:
+        for blob in list(m.blobs.values())[:8]:
+            plain, probed = bytearray(blob.size), bytearray(blob.size)
+            assert reader.read(blob, [memoryview(plain)]) == blob.size  # now in the page cache
+            before = reader.page_cache.cached(blob.offset, blob.size)
+            n, cached = reader.read_probed(blob, [memoryview(probed)])
+            assert n == blob.size and probed == plain
+            assert cached == before or before is None
+    finally:
+        reader.close()

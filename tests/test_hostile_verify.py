@@ -51,10 +51,10 @@ def test_changed_rechecks_only_after_the_file_changed(tiny, tmp_path, monkeypatc
 
     _, src = tiny("qwen3_moe", 4)
     store = copy_store(src, tmp_path / "s")
-    real_crc, real_read = zlib.crc32, BlobReader.read
+    real_crc, real_read = zlib.crc32, BlobReader.read_probed
     crcs, reads = [], []
     monkeypatch.setattr("workbench.store.reader.zlib.crc32", lambda *a: crcs.append(1) or real_crc(*a))
-    monkeypatch.setattr(BlobReader, "read", lambda self, *a, **k: reads.append(1) or real_read(self, *a, **k))
+    monkeypatch.setattr(BlobReader, "read_probed", lambda self, *a, **k: reads.append(1) or real_read(self, *a, **k))
     with Engine(store, arena="4", io=IOConfig(verify="changed"), progress=False) as eng:
         n_tensors = len(eng.m.tensors)
         _run(eng, 4)

@@ -146,9 +146,8 @@ class IOScheduler:
     def _run(self, req: ReadRequest) -> None:
         req.t_start = time.perf_counter_ns()
         try:
-            if not req.speculative and self.reader.through_page_cache:  # asked by whichever thread reads it
-                req.page_cached = self.reader.page_cache.cached(req.blob.offset, req.blob.size)
-            req.bytes_read = self.reader.read(req.blob, req.views, lambda: req.cancel_flag)
+            probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
+            req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views, lambda: req.cancel_flag, probe)
             state = CANCELLED if req.bytes_read < req.blob.size else DONE
             if state == DONE and req.land is not None:
                 req.land(req)

@@ -56,6 +56,7 @@ class BlobReader:
         self._pieces: dict = {}
         self.page_cache = PageCacheProbe(self.fd, os.fstat(self.fd).st_size)
         self.through_page_cache = mode in ("buffered", "dontneed")  # direct / nocache bypass it
+        self._nowait = self.through_page_cache and _takes_nowait(self.fd)
         self._local = threading.local()
         self.inject = None  # tests: fn(blob) that may sleep or raise, called before each piece
 
@@ -95,14 +96,25 @@ class BlobReader:
 
     def read(self, blob: Blob, views, cancelled=lambda: False) -> int:
         """Read ``blob`` into ``views``; returns bytes read (less than blob.size if cancelled)."""
+        return self.read_probed(blob, views, cancelled, probe=False)[0]
+
+    def read_probed(self, blob: Blob, views, cancelled=lambda: False, probe=True) -> tuple[int, bool | None]:
+        """``read``, and whether the whole blob was in the page cache before it (None where the OS
+        cannot say). Buffered reads on Linux ask first with ``RWF_NOWAIT`` (the answer costs
+        nothing: a piece that would wait is read again normally); elsewhere ``mincore`` answers."""
         done = 0
+        nowait = probe and self._nowait
+        cached = (True if nowait else self.page_cache.cached(blob.offset, blob.size)) if probe else None
         stamp = self._stamp() if self.verify == "changed" else None  # before the read: a later change re-checks
         for piece, n in self.pieces(views):
             if cancelled():
-                return done
+                return done, cached
             if self.inject is not None:
                 self.inject(blob)
-            got = self._read_piece(blob.offset + done, piece, n)
+            got = self._try_cached(blob.offset + done, piece, n) if nowait and cached else 0
+            if got != n:
+                cached = cached and not nowait
+                got = self._read_piece(blob.offset + done, piece, n)
             if got != n:
                 raise StoreError(
                     f"short read of layer {blob.layer} expert {blob.expert}: got {done + got} of {blob.size} bytes "
@@ -112,7 +124,14 @@ class BlobReader:
         if self.mode == "dontneed":
             os.posix_fadvise(self.fd, blob.offset, blob.size, os.POSIX_FADV_DONTNEED)
         self._check(blob, views, stamp)
-        return done
+        return done, cached
+
+    def _try_cached(self, offset, piece, n) -> int:
+        """Bytes read without waiting for the disk (short or 0: not all in the page cache)."""
+        try:
+            return os.preadv(self.fd, piece, offset, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return 0
 
     def _read_piece(self, offset, piece, n):
         if self.mode != "direct":
@@ -153,6 +172,19 @@ class BlobReader:
                 f"(crc32 {crc:08x}, manifest {blob.crc32:08x}) in {self.path}; the store is corrupt, pack the model again"
             )
         self._verified[key] = stamp
+
+
+def _takes_nowait(fd) -> bool:
+    """Whether this kernel and file system take ``RWF_NOWAIT`` reads of ``fd`` (Linux 4.14+)."""
+    if not hasattr(os, "RWF_NOWAIT"):
+        return False
+    try:
+        os.preadv(fd, [bytearray(1)], 0, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 class PageCacheProbe:
