@@ -627,8 +627,10 @@ class Engine(SpeculativeMixin):
         if self._opt is not None:  # optimistic: no sync, ids recorded, misses on the placeholder slot
             return self._opt.experts(layer, inner, x, indices)
         c = self.counters.row(self.step, layer)
+        target, z = (None, None) if self.planner is None else \
+            self.planner.prediction(self, layer, self._moe_in.get(layer), self._logits.get(layer))
         t0 = time.perf_counter_ns()
-        mx.eval(indices)
+        mx.eval(indices, *([z] if isinstance(z, mx.array) else []))  # one sync: the route and the prediction
         c["compute_ns"] += time.perf_counter_ns() - t0
         ids = np.array(indices)
         self._selected(layer, ids)
@@ -649,14 +651,17 @@ class Engine(SpeculativeMixin):
             y = self._compute(layer, inner, x, ids, [wanted], c)
         else:  # a batch may want more experts than the arena holds: run the layer in waves
             y = self._compute(layer, inner, x, ids, [np.array(order[i:i + room]) for i in range(0, len(order), room)], c)
+        if self.planner is not None:  # read ahead while this layer's slots are pinned: no read can take them
+            self.planner.after_layer(self, layer, target, z)
+        self.arena.release()
         self.arena.after_layer()
-        if self.planner is not None:
-            self.planner.after_layer(self, layer, self._moe_in.get(layer), self._logits.get(layer))
         return y
 
     def _compute(self, layer, inner, x, ids, waves, c):
+        """Run the layer's experts, wave by wave; the last wave's slots stay pinned (the caller
+        releases them)."""
         y = None
-        for wave in waves:
+        for i, wave in enumerate(waves):
             table = self.arena.at_layer(layer, wave)
             t0 = time.perf_counter_ns()
             if len(waves) == 1:
@@ -666,12 +671,12 @@ class Engine(SpeculativeMixin):
                 part = inner(x, mx.array(np.where(mask, table[ids], table[wave[0]]).astype(np.uint32)))
                 part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
                 y = part if y is None else y + part
-            if len(waves) > 1 or self.planner is not None:
-                mx.eval(y)  # the next wave / a prefetch may overwrite slots: compute first
+            if i < len(waves) - 1:
+                mx.eval(y)  # the next wave may overwrite this one's slots: compute first
+                self.arena.release()
             else:  # start the experts now; the next layer's router sync waits for them before any slot changes owner
                 mx.async_eval(y)
             c["compute_ns"] += time.perf_counter_ns() - t0
-            self.arena.release()
         return y
 
     def gate_weights(self, layer, ids, logits) -> np.ndarray | None:

@@ -56,14 +56,23 @@ class Planner:
         if cands is not None:
             self.gate.update(layer, cands, np.unique(ids))
 
-    def after_layer(self, engine, layer, moe_input, logits) -> None:
-        """Per-layer decode, after ``layer`` ran on ``moe_input`` with router ``logits``."""
+    def prediction(self, engine, layer, moe_input, logits):
+        """Per-layer decode, before ``layer``'s router sync: (target layer, the logits to rank there,
+        lazy: the engine evaluates them with the router, so a prediction costs no sync of its own),
+        or (None, None)."""
         if engine.counters.phase.get(engine.step) != "decode":
+            return None, None
+        return self._predict(engine, layer, moe_input, logits)
+
+    def after_layer(self, engine, layer, target, z) -> None:
+        """Per-layer decode, once ``layer``'s experts are launched (their slots still pinned): read
+        ``target``'s likely experts, ranking ``z`` (from ``prediction``)."""
+        if target is None:
             return
         t0 = time.perf_counter_ns()
-        target, z = self._predict(engine, layer, moe_input, logits)
-        if target is not None:
-            self._read(engine, target, z, self.width)
+        E = engine.m.n_experts
+        z = np.array(z.astype(mx.float32)).reshape(-1, E) if isinstance(z, mx.array) else z
+        self._read(engine, target, z, self.width)
         engine.counters.row(engine.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
 
     def next_token(self, engine, logits: dict, evict: bool = True) -> None:
@@ -100,11 +109,9 @@ class Planner:
             if i >= len(self.layers):
                 return None, None
             target = self.layers[i]
-            z = router_logits(engine.family, engine.gates[target], moe_input)
-            return target, np.array(z.astype(mx.float32)).reshape(-1, E)
+            return target, router_logits(engine.family, engine.gates[target], moe_input)
         if self.predictor == "prev":
-            z = logits
-            return (layer, np.array(z.astype(mx.float32)).reshape(-1, E)) if z is not None else (None, None)
+            return (layer, logits) if logits is not None else (None, None)
         i = self.pos[layer] + self.distance
         step, target = (engine.step, self.layers[i]) if i < len(self.layers) else (engine.step + 1, self.layers[i - len(self.layers)])
         z = self._oracle_logits(step, target, E)
