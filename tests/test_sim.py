@@ -155,8 +155,9 @@ def test_vtime_oracle_prefetch_timely_and_late(tmp_path):
     assert s["sync_misses"] == 1 and s["prefetch"]["useful_timely"] == 15 and s["prefetch"]["issued"] == 15
     assert s["stall_s"] == pytest.approx(read)
     assert s["virtual_s"] == pytest.approx(16 * 3e-3 + read)
+    # a prefetch starts as its layer's experts are launched: late when compute + the next pre-MoE take less than a read
     late = simulate(p, ArenaConfig(4), AheadConfig("oracle", 1),
-                    timing=Timing(compute_s=1e-3, pre_moe_s=0.5 * read, read_latency_s=0, stream_bandwidth=1e9))
+                    timing=Timing(compute_s=0.25 * read, pre_moe_s=0.25 * read, read_latency_s=0, stream_bandwidth=1e9))
     s = late.summary
     assert s["prefetch"]["useful_late"] == 15 and s["sync_misses"] == 1
     assert s["stall_s"] == pytest.approx(read + 15 * 0.5 * read)
@@ -176,9 +177,11 @@ def test_vtime_wrong_predictions_outcomes(tmp_path):
     p = _trace(tmp_path / "w.parquet", sel, preds=wrong, layers=[0, 1])
     piece = MB // 4
     t_piece = piece / 1e9
-    # pieces: at a target row that hits, the read is in its 2nd piece -> partially_read
+    # pieces: at a target row that hits, the read (started as the layer's experts were launched) is in
+    # its 2nd piece -> partially_read
     r = simulate(p, ArenaConfig(6), AheadConfig("x", 1),
-                 timing=Timing(compute_s=1e-3, pre_moe_s=1.5 * t_piece, read_latency_s=0, stream_bandwidth=1e9, piece_bytes=piece))
+                 timing=Timing(compute_s=0.5 * t_piece, pre_moe_s=t_piece, read_latency_s=0, stream_bandwidth=1e9,
+                               piece_bytes=piece))
     pf = r.summary["prefetch"]
     assert pf["partially_read"] >= 1 and pf["useful_late"] == pf["useful_timely"] == 0
     assert r.summary["prefetch_bytes"]["partially_read"] == pf["partially_read"] * 2 * piece

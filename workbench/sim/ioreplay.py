@@ -139,11 +139,7 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
                 if hooks.active:
                     hooks.fire(f"layer.{sl}.experts.selected", ids, layer=sl, step=s, arena=ar)
                 ar.at_layer(sl, ids)
-                ar.release()
-                _busy(compute_ms / 1e3)
-                counters.row(s, sl)["compute_ns"] += int(compute_ms * 1e6)
-                ar.after_layer()
-                if prefetch is not None:
+                if prefetch is not None:  # read ahead as the engine does: this layer's slots still pinned
                     j = step_index * len(plan) + i + distance
                     if j < len(order):
                         ts, ti = order[j]
@@ -151,6 +147,10 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
                         cands = sel.get(target) if prefetch == "oracle" else pred.get(target)
                         for e in ([] if cands is None else cands):
                             ar.prefetch(plan[ti][0], int(e), k)
+                ar.release()
+                ar.after_layer()
+                _busy(compute_ms / 1e3)
+                counters.row(s, sl)["compute_ns"] += int(compute_ms * 1e6)
             ar.policy.tick()
             times.append(time.perf_counter() - t0)
             if hooks.active:

@@ -240,13 +240,9 @@ def simulate(trace, arena: ArenaConfig | None = None, ahead: AheadConfig | None 
         except ArenaError as e:
             raise NoVictimError(f"arena of {capacity} slots has no evictable slot for layer {L} at decode step {step}: "
                                 f"{e}; use a larger arena or fewer prefetches (max_ahead)") from None
-        ar.release()
         stall = io.now - t0
-        comp = timing.compute(L)
-        io.advance(io.now + comp)
         t1 = io.now
-        ar.after_layer()
-        if scorer is not None and r + dist < n_rows:
+        if scorer is not None and r + dist < n_rows:  # read ahead as the engine does: L's slots still pinned
             tgt = r + dist
             TL = int(layers[tgt])
             z = scorer(tgt)
@@ -263,6 +259,10 @@ def simulate(trace, arena: ArenaConfig | None = None, ahead: AheadConfig | None 
                     if ar.prefetch(TL, e, top_k) is not None:
                         issued_here += 1
         stall += io.now - t1
+        ar.release()
+        ar.after_layer()  # the host goes on while L's experts compute
+        comp = timing.compute(L)
+        io.advance(io.now + comp)
         ls = layer_stats.setdefault(L, [0, 0.0])
         ls[0] += len(wanted)
         ls[1] += stall
