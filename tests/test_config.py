@@ -134,7 +134,9 @@ def test_lookahead_without_predictor_reads_ahead_in_every_driver(tiny, tmp_path,
     implied, explicit, plain = outs
     assert implied["config"]["predictor"] == explicit["config"]["predictor"] == "layer"
     assert implied["stats"]["prefetch"]["issued"] > 0 and plain["stats"]["prefetch"]["issued"] == 0
-    assert implied["stats"]["prefetch"] == explicit["stats"]["prefetch"]
+    # the same reads and residency (a read's outcome, timely or late, depends on I/O timing)
+    assert implied["stats"]["prefetch"]["issued"] == explicit["stats"]["prefetch"]["issued"]
+    assert implied["stats"]["residency_hash"] == explicit["stats"]["residency_hash"]
     assert implied["tokens"] == explicit["tokens"] == plain["tokens"]
 
     def js(argv):

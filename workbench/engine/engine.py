@@ -142,8 +142,6 @@ class Engine(SpeculativeMixin):
         self.io = IOScheduler(self.reader, workers=io.workers, reserved=io.reserved)
         self.arena = Arena(self.m, self.n_slots, self.io, self.counters, self.hooks, arena.policy, arena.options,
                            arena.writes)
-        if self.arena.staging is not None and self.arena.staging.device_copy:
-            self.io.inline_below = 0  # a read also pays a copy's ~10 runtime calls: a hand-off pays at any size
         if seed is not None:
             mx.random.seed(seed)
         self.model = self._build_model()

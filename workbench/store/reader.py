@@ -113,7 +113,8 @@ class BlobReader:
                 self.inject(blob)
             got = self._try_cached(blob.offset + done, piece, n) if nowait and cached else 0
             if got != n:
-                cached = cached and not nowait
+                if nowait and cached:
+                    cached = self._refused(blob)
                 got = self._read_piece(blob.offset + done, piece, n)
             if got != n:
                 raise StoreError(
@@ -125,6 +126,14 @@ class BlobReader:
             os.posix_fadvise(self.fd, blob.offset, blob.size, os.POSIX_FADV_DONTNEED)
         self._check(blob, views, stamp)
         return done, cached
+
+    def _refused(self, blob) -> bool | None:
+        """A read that would wait: mincore says whether the blob was cached all the same, and if it
+        was, this file system does not honour RWF_NOWAIT (mincore answers from now on)."""
+        cached = self.page_cache.cached(blob.offset, blob.size)
+        if cached:
+            self._nowait = False
+        return False if cached is None else cached
 
     def _try_cached(self, offset, piece, n) -> int:
         """Bytes read without waiting for the disk (short or 0: not all in the page cache)."""
