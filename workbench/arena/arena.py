@@ -88,6 +88,7 @@ class Arena:
         self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
         self.version = 0  # bumped whenever ``lut`` changes
         self._device_lut = (None, {}, None)  # (version, layer -> lut row on the device, host copy)
+        self._signature = (None, b"")  # (version, residency_signature())
         self._exposed: list[int] = []
         self.key_of = [-1] * n_slots
         self.smap: dict[int, int] = {}
@@ -133,8 +134,11 @@ class Arena:
         return self._device_lut[1:]
 
     def residency_signature(self) -> bytes:
-        """The published residency set, as a bit mask over (layer, expert)."""
-        return np.packbits(self.lut != self.placeholder).tobytes()
+        """The published residency set, as a bit mask over (layer, expert) (made again only when
+        ``lut`` changed)."""
+        if self._signature[0] != self.version:
+            self._signature = (self.version, np.packbits(self.lut != self.placeholder).tobytes())
+        return self._signature[1]
 
     @property
     def frozen(self) -> bool:

@@ -79,7 +79,8 @@ def _logit_sum(logits) -> mx.array:
 
 
 def _sum_finite(bits) -> bool:
-    return bool(np.isfinite(np.asarray(bits, dtype=np.uint32).view(np.float32)).all())
+    """Whether the float32 whose bits are ``bits`` (from ``_logit_sum``) is finite: its exponent is not all ones."""
+    return (int(bits) & 0x7F800000) != 0x7F800000
 
 
 def prefill_cap(layer: int) -> int:
@@ -329,7 +330,7 @@ class Engine(SpeculativeMixin):
                     logits = self.model(y[None], cache=cache)[:, -1, :]
                     y = self._sample(logits, sampler)
                     host = np.array(mx.concatenate([y.astype(mx.uint32), _logit_sum(logits)]))  # one transfer
-                    if not _sum_finite(host[1:]):
+                    if not _sum_finite(host[1]):
                         self._check_finite(logits)
                     self.controller.observe(self._layers_missed())
                     token = int(host[0])
@@ -415,7 +416,7 @@ class Engine(SpeculativeMixin):
         settled, t0 = 0, time.perf_counter_ns()
         while True:
             host = np.array(p.host)
-            p.finite_ok, p.token = _sum_finite(host[-2:-1]), int(host[-1])
+            p.finite_ok, p.token = _sum_finite(host[-2]), int(host[-1])
             ids = host[:-2].reshape(-1, k) if p.with_ids else None
             layers = p.computed
             self._host_values(p, layers)
