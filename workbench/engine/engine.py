@@ -3,7 +3,8 @@
 Read ``generate`` top to bottom: prefill the prompt, then one token per step. Inside the
 model, every MoE layer calls ``run_experts``: evaluate the router, claim the wanted experts
 in the arena (hits, misses read synchronously, speculation promoted), run the family's own
-expert math on slot ids, release, and schedule read-ahead for later layers.
+expert math on slot ids, schedule read-ahead for later layers, and release. A full arena is
+frozen: optimistic tokens then run mlx-lm's own model on views of the slots (``_fast_model``).
 """
 
 from __future__ import annotations
