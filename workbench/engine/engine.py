@@ -381,7 +381,7 @@ class Engine(SpeculativeMixin):
         """Build one token's graph with no host sync and start it on the device."""
         p = OptimisticPass(step, self.controller.probed)
         self._run_pass(p, y, cache)
-        mx.async_eval(p.host, *[flat for _, flat in p.record])
+        mx.async_eval(p.host)
         return p
 
     def _run_pass(self, p, y, cache):
@@ -400,14 +400,14 @@ class Engine(SpeculativeMixin):
         p.y = mx.argmax(logits, axis=-1)
         computed = [layer for layer in self.m.moe_layers if layer >= p.start]
         p.computed = computed
-        # one array, one transfer: every layer's ids, then the logits' sum (finite?), then the token
-        ids = [p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed] if p.with_ids else []
-        p.host = mx.concatenate(ids + [_logit_sum(logits), p.y.astype(mx.uint32)])
-        # what the trace keeps (router logits and MoE inputs) or the planner reads (logits), converted
-        # on the device in the same pass and moved in one transfer each
+        # what the trace keeps (router logits and MoE inputs) or the planner reads (logits), as float32
         keep = (p.logits, p.moe_in) if self.recorder is not None else (p.logits,) if self.planner is not None else ()
-        p.record = [(d, mx.concatenate([d[layer].reshape(-1).astype(mx.float32) for layer in computed]))
-                    for d in keep if all(layer in d for layer in computed)]
+        p.record = [d for d in keep if all(layer in d for layer in computed)]
+        # one array, one transfer: every layer's ids, the recorded values (their float32 bits), the
+        # logits' sum (finite?), the token
+        ids = [p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed] if p.with_ids else []
+        values = [mx.view(d[layer].reshape(-1).astype(mx.float32), mx.uint32) for d in p.record for layer in computed]
+        p.host = mx.concatenate(ids + values + [_logit_sum(logits), p.y.astype(mx.uint32)])
 
     def _finish(self, p, cache, ahead):
         """Verify ``p`` (one sync), settle its layers, recover from misses; returns (logits, ahead).
@@ -418,9 +418,10 @@ class Engine(SpeculativeMixin):
         while True:
             host = np.array(p.host)
             p.finite_ok, p.token = _sum_finite(host[-2]), int(host[-1])
-            ids = host[:-2].reshape(-1, k) if p.with_ids else None
             layers = p.computed
-            self._host_values(p, layers)
+            n_ids = len(layers) * k if p.with_ids else 0
+            ids = host[:n_ids].reshape(-1, k) if p.with_ids else None
+            self._host_values(p, layers, host[n_ids:-2].view(np.float32))
             skip = settled - (len(self.m.moe_layers) - len(layers))  # layers of this pass already settled
             miss = None if ids is None else first_miss(self.arena.lut, p.table, self.arena.placeholder,
                                                        layers[skip:], ids[skip:])
@@ -451,7 +452,7 @@ class Engine(SpeculativeMixin):
             p.start, p.attempt = layer, p.attempt + 1
             with Rewind(cache, layer):
                 self._run_pass(p, p.input, cache)
-            mx.eval(p.host, *[flat for _, flat in p.record])
+            mx.eval(p.host)
             self.arena.release()
             self.arena.after_layer()
         self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += time.perf_counter_ns() - t0
@@ -462,14 +463,16 @@ class Engine(SpeculativeMixin):
         self.controller.observe(p.attempt, p.probe)
         return p.out, ahead
 
-    def _host_values(self, p, layers):
-        """The trace's (or the planner's) values of this pass, as numpy, from one device array each."""
+    def _host_values(self, p, layers, flat):
+        """The trace's (or the planner's) values of this pass, as numpy, from their part of the
+        token's one transfer."""
         self._logits, self._moe_in = p.logits, p.moe_in
-        for d, flat in p.record:
-            flat = np.array(flat)
-            parts = np.split(flat, np.cumsum([int(np.prod(d[layer].shape)) for layer in layers])[:-1])
-            for layer, part in zip(layers, parts):
-                d[layer] = part.reshape(d[layer].shape)
+        pos = 0
+        for d in p.record:
+            for layer in layers:
+                n = int(np.prod(d[layer].shape))
+                d[layer] = flat[pos:pos + n].reshape(d[layer].shape)
+                pos += n
 
     def _selected(self, layer, ids):
         """A layer's experts are known (host ids), before the arena claims them: the
