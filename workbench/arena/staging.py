@@ -115,7 +115,7 @@ class _Pinned:
         if lib.cudaHostAlloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 0) != 0:
             raise MemoryError(f"cudaHostAlloc of {nbytes} bytes failed")
         self.buffer = (ctypes.c_ubyte * nbytes).from_address(ptr.value)
-        weakref.finalize(self, lib.cudaFreeHost, ptr)
+        weakref.finalize(self, lib.cudaFreeHost, ptr).atexit = False  # at exit the process frees it (CUDA may be gone)
 
 
 def _address(view) -> int:
