@@ -122,7 +122,6 @@ def test_quantized_router_and_mlx_model(tmp_path):
     s = lookahead_summary(lookahead_recovery(tr, routers, distances=(0,), prev_token=False))
     assert s["recovery"].item() == pytest.approx(1.0)
     # the raw quantized dict form works too
-    g = model.model.layers[0].mlp.gate
     spec = {l: dict(weight=m.mlp.gate.weight, scales=m.mlp.gate.scales, biases=m.mlp.gate.biases, group_size=32, bits=4)
             for l, m in enumerate(model.model.layers)}
     s2 = lookahead_summary(lookahead_recovery(tr, spec, distances=(0,), prev_token=False))

@@ -3,7 +3,6 @@ three domains, every analysis with an interval over prompts, the live strata cou
 
 import json
 
-import numpy as np
 import pytest
 
 from workbench.analysis.workload import phase, record_workload, workload_set

@@ -13,7 +13,7 @@ from workbench.cli import main
 from workbench.sim.ioreplay import layer_plan
 from workbench.trace.synthetic import synthetic_trace
 from workbench.store.manifest import ALIGN, EXPERTS, MANIFEST, Manifest
-from workbench.store.synth import resolve_shape, store_bytes, synth_store
+from workbench.store.synth import resolve_shape, store_bytes
 
 
 @pytest.fixture(scope="module")
