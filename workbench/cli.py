@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
+import os
 import sys
 
 SUBCOMMAND_MODULES = ("workbench.cli_policy", "workbench.cli_sim", "workbench.cli_analysis", "workbench.cli_report",
@@ -67,20 +69,38 @@ def add_ahead_args(g, live: bool) -> None:
 
 
 def _unpert_mode(text: str) -> str:
+    from .config import SEED_MODE_NAMES
+
     if text not in ("0", "1"):
         raise argparse.ArgumentTypeError(f"--unpert must be 0 or 1, got {text!r} (deprecated: use --mode raw|resident_bonus)")
-    return {"1": "raw", "0": "resident_bonus"}[text]
+    return SEED_MODE_NAMES[f"unpert{text}"]
 
 
 def ahead_config(args):
     """The AheadConfig the read-ahead flags describe."""
     from .config import AheadConfig
-    from .trace.schema import read_trace
 
     oracle = getattr(args, "oracle_trace", None)
     return AheadConfig(predictor=args.predictor, lookahead=args.lookahead, width=args.ahead_width, mode=args.mode,
                        moce_bonus=args.moce_bonus, moce_protect=args.moce_protect, moce_r1=args.moce_r1, gate=args.gate,
-                       oracle_trace=read_trace(oracle) if oracle else None)
+                       oracle_trace=_oracle_trace(oracle) if oracle else None)
+
+
+def _oracle_trace(path):
+    """--oracle-trace, read once while the file stays the same (every variant of ``compare``
+    shares it; planners only read it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return _read_trace(path, None)  # read_trace names the problem
+    return _read_trace(path, (st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=1)
+def _read_trace(path, stamp):
+    from .trace.schema import read_trace
+
+    return read_trace(path)
 
 
 def arena_config(args, **extra):
@@ -115,7 +135,7 @@ def cmd_pack(args) -> int:
 
 def cmd_cache(args) -> int:
     from .fsutil import cache_dir
-    from .store.cache import list_stores, remove_store
+    from .store.cache import list_stores, remove_store, stores_dir
 
     if args.action == "path":
         print(cache_dir())
@@ -128,7 +148,7 @@ def cmd_cache(args) -> int:
             what = "dead packer's temp folder (workbench cache rm NAME)" if r["stale"] else (r["source"] or "?")
             print(f"{r['name']:<48} {r['bytes'] / 1e6:10.1f} MB  {what}")
         if not rows and not args.json:
-            print(f"no cached stores in {cache_dir() / 'stores'}")
+            print(f"no cached stores in {stores_dir()}")
         return 0
     if not args.names and not args.all:
         raise ValueError("workbench cache rm: name the stores to remove (see `workbench cache list`) or pass --all")

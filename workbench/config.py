@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .checks import io_workers, is_whole, real, whole
+from .checks import io_workers, real, whole
 from .sizes import check_arena
 
 READ_MODES = ("buffered", "dontneed", "direct", "nocache")
@@ -156,4 +156,4 @@ class AheadConfig:
     @property
     def distance(self) -> int:
         """The lookahead, 1 when it was left unset."""
-        return self.lookahead if is_whole(self.lookahead) else 1
+        return 1 if self.lookahead is None else self.lookahead

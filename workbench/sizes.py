@@ -17,6 +17,11 @@ _SIZE = re.compile(r"([0-9]*\.?[0-9]+)\s*([a-z]+)")
 FORMS = "a fraction in (0, 1] (0.25), a percentage (25%), a slot count (64) or a size (2GB = 2e9 bytes, 2GiB = 2^31)"
 
 
+def _is_size(text: str) -> bool:
+    m = _SIZE.fullmatch(text)
+    return bool(m) and m.group(2) in UNITS
+
+
 def parse_bytes(spec) -> int:
     """Bytes of ``2GB`` / ``1.5 GiB`` / ``4096`` (a bare whole number is bytes); ValueError otherwise."""
     text = str(spec).strip().lower()
@@ -50,7 +55,7 @@ def arena_slots(spec, n_routed: int, expert_bytes: int | None = None, top_k: int
         slots = max(1, round(pct / 100 * n_routed))
     elif re.fullmatch(r"[0-9]+", text):
         slots = int(text)
-    elif _SIZE.fullmatch(text) and _SIZE.fullmatch(text).group(2) in UNITS:
+    elif _is_size(text):
         if not expert_bytes:
             raise ValueError(f"arena {spec!r} is a size, but the expert size is unknown here; "
                              "give a fraction (0.25) or a slot count (64)")
@@ -70,7 +75,7 @@ def check_arena(spec) -> None:
     """Refuse an arena ``spec`` that cannot be read, before the model is known (``arena_slots``
     then counts its slots against the model)."""
     text = str(spec).strip().lower()
-    if isinstance(spec, str) and _SIZE.fullmatch(text) and _SIZE.fullmatch(text).group(2) in UNITS:
+    if isinstance(spec, str) and _is_size(text):
         parse_bytes(text)
     else:
         arena_slots(spec, 2**62)

@@ -115,10 +115,9 @@ def record_workload(prompts: list[Prompt], model=None, prompt_tokens: int = 128,
     exact, all experts resident, MoE inputs recorded; cached traces are reused."""
     from ..data import default_model
     from ..engine.engine import Engine
-    from ..fsutil import cache_dir
     from ..store.cache import resolve_store
     from ..trace.recorder import TraceRecorder
-    from ..fsutil import atomic_write
+    from ..fsutil import atomic_write, cache_dir
     from ..trace.schema import read_trace
 
     if prompt_tokens < 2 or max_tokens < 1:

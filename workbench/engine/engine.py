@@ -75,7 +75,7 @@ def _finite_flag(logits) -> mx.array:
 
 def _logit_sum(logits) -> mx.array:
     """[1] uint32: the bits of the logits' float32 sum, finite when every logit is (one reduction;
-    a sum that overflows is checked again exactly, see ``_sum_finite``)."""
+    a sum that is not finite is checked again exactly by ``_check_finite``, so an overflow never stops a run)."""
     return mx.view(mx.sum(logits.astype(mx.float32)).reshape(1), mx.uint32)
 
 

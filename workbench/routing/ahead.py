@@ -47,7 +47,6 @@ class Planner:
         self.layers = layers
         self.pos = {layer: i for i, layer in enumerate(layers)}
         self.pending: dict[int, np.ndarray] = {}  # target layer -> all eligible candidates
-        self.recent: dict[int, list] = {}  # target layer -> candidates per row (for traces)
         self.oracle = None if oracle is None else _oracle_table(oracle)
 
     def on_route(self, engine, layer, ids) -> None:
@@ -98,7 +97,6 @@ class Planner:
         cands = ahead_candidates(z, arena.mapped[target], width, self.mode, self.p, self.b, self.r1,
                                  resident_mask=arena.resident_mask(target))
         self.pending[target] = cands
-        self.recent[target] = [cands.tolist()]
         for e in self.gate.filter(target, cands):
             arena.prefetch(target, e, engine.top_k, evict)
 
@@ -126,12 +124,12 @@ class Planner:
         return z
 
     def candidates(self, layer) -> dict:
-        c = self.recent.pop(layer, None)
-        return {} if c is None else {self.predictor: c}
+        """The candidates read for ``layer`` (before ``on_route`` takes them), one list per row."""
+        c = self.pending.get(layer)
+        return {} if c is None else {self.predictor: [c.tolist()]}
 
     def end(self) -> None:
         self.pending.clear()
-        self.recent.clear()
 
 
 def _oracle_table(trace) -> dict:

@@ -48,7 +48,6 @@ class _Event:
 
 
 class VirtualIO:
-    reader = None  # no page cache to ask
 
     def __init__(self, timing):
         self.t = timing

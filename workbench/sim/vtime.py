@@ -247,9 +247,7 @@ def simulate(trace, arena: ArenaConfig | None = None, ahead: AheadConfig | None 
             TL = int(layers[tgt])
             z = scorer(tgt)
             if z is not None:
-                base = TL * E
-                mapped = np.fromiter((base + e in ar.smap for e in range(E)), dtype=bool, count=E)
-                cands = ahead_candidates(z, mapped, k, mode=mode, p=p, b=b, r1=r1, resident_mask=ar.resident_mask(TL))
+                cands = ahead_candidates(z, ar.mapped[TL], k, mode=mode, p=p, b=b, r1=r1, resident_mask=ar.resident_mask(TL))
                 cands = [int(e) for e in cands if np.isfinite(z[e])]
                 eligible_by_target.setdefault(tgt, []).extend(cands)
                 issued_here = 0

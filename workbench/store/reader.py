@@ -114,7 +114,7 @@ class BlobReader:
             got = self._try_cached(blob.offset + done, piece, n) if nowait and cached else 0
             if got != n:
                 if nowait and cached:
-                    cached = self._refused(blob)
+                    cached, nowait = self._refused(blob), self._nowait
                 got = self._read_piece(blob.offset + done, piece, n)
             if got != n:
                 raise StoreError(
