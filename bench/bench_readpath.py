@@ -1,7 +1,8 @@
 """Read path: cold GB/s of the store's blob reads (1/2/4/8 threads) vs a plain sequential read
 of the same file in the same mode, on a store with blobs of 1 MiB or more; and the cost of landing
 a read in a slot that the device then computes on, per slot-write mode (direct: preadv into the
-slot's memory; staged: preadv into a pinned bounce row, then a copy into the slot).
+slot's memory; staged: preadv into a pinned bounce row, then a copy into the slot), one expert
+and a layer's worth of experts per claim, on that store and on the reference model's.
 
     python bench/bench_readpath.py [--store DIR] [--device gpu] [--slot-writes-only]
 """
@@ -10,8 +11,11 @@ import argparse
 import platform
 from pathlib import Path
 
+from workbench.data import default_model
 from workbench.fsutil import cache_dir
 from workbench.io.readpath import read_path_table
+from workbench.store.cache import resolve_store
+from workbench.store.manifest import Manifest
 
 
 def big_store() -> Path:
@@ -27,8 +31,10 @@ def big_store() -> Path:
     return store
 
 
-def slot_writes(store, n=64, reps=3):
-    """Median microseconds per expert: read it into a slot (page cache warm) and compute on it."""
+def slot_writes(store, n=64, reps=3, per_claim=1):
+    """Median microseconds per expert: claim ``per_claim`` experts that all miss (page cache warm;
+    the claiming thread reads small blobs itself), then compute on them. Staged writes also run
+    with one copy per tensor, where the runtime could batch them."""
     import statistics
     import time
 
@@ -43,29 +49,41 @@ def slot_writes(store, n=64, reps=3):
     from workbench.store.reader import BlobReader
 
     m = Manifest.load(store)
-    layer = m.moe_layers[0]
+    layer, k = m.moe_layers[0], per_claim
     rows = []
-    for writes in ("direct", "staged"):
+    for writes, batched in (("direct", None), ("staged", True), ("staged", False)):
         reader = BlobReader(store, m, verify="never")
         io = IOScheduler(reader, workers=2, reserved=1)
-        arena = Arena(m, m.top_k, io, Counters(), Hooks(), "lru", writes=writes)
+        arena = Arena(m, max(k, m.top_k), io, Counters(), Hooks(), "lru", writes=writes)
+        staging = arena.staging
+        if batched is False and not getattr(staging, "batched", False):
+            io.close()
+            reader.close()
+            continue  # no batch copy here: the first staged row was already one copy per tensor
+        if batched is False:
+            staging.batched = False
         name = m.tensors[0].name
         per = []
         try:
             for rep in range(reps + 1):
                 t0 = time.perf_counter()
                 for i in range(n):
-                    table = arena.at_layer(layer, [i % m.n_experts])
-                    idx = mx.array(table[[i % m.n_experts]].astype(np.uint32))
+                    wanted = sorted({(i * k + j) % m.n_experts for j in range(k)})
+                    table = arena.at_layer(layer, wanted)
+                    idx = mx.array(table[wanted].astype(np.uint32))
                     mx.eval(mx.sum(mx.take(arena.tensors[name], idx, axis=0).astype(mx.float32)))
                     arena.release()
                 if rep:  # the first pass warms the page cache and the kernels
-                    per.append((time.perf_counter() - t0) / n * 1e6)
+                    per.append((time.perf_counter() - t0) / (n * k) * 1e6)
         finally:
             io.close()
             reader.close()
-        device = getattr(arena.staging, "device_copy", None)
-        label = writes if device is None else f"{writes} ({'device copy' if device else 'host copy'})"
+        if staging is None:
+            label = writes
+        elif not staging.device_copy:
+            label = f"{writes} (host copy)"
+        else:
+            label = f"{writes} (device copy, {'one batch per expert' if staging.batched else 'one copy per tensor'})"
         rows.append((label, statistics.median(per)))
     return rows
 
@@ -84,9 +102,14 @@ def main():
 
         mx.set_default_device(parse_device(a.device))
     store = Path(a.store) if a.store else big_store()
-    print(f"slot writes, {store.name}, page cache warm: microseconds per expert (read, land in a slot, compute on it)")
-    for writes, us in slot_writes(store, reps=a.reps):
-        print(f"  {writes:<7} {us:9.1f} us")
+    stores = [store] if a.store else [store, resolve_store(default_model(), progress=False)]
+    print("slot writes, page cache warm: microseconds per expert (read, land in a slot, compute on it)")
+    for s in stores:
+        m = Manifest.load(s)
+        for k in dict.fromkeys((1, m.top_k)):
+            print(f"  {s.name}: {m.expert_bytes} bytes in {len(m.tensors)} tensors per expert, {k} per claim")
+            for writes, us in slot_writes(s, reps=a.reps, per_claim=k):
+                print(f"    {writes:<48} {us:9.1f} us")
     if a.slot_writes_only:
         return
     df = read_path_table(store, reps=a.reps)

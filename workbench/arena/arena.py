@@ -251,6 +251,7 @@ class Arena:
     def expose(self, reqs) -> None:
         """Map completed speculative reads in ``lut`` (not published: the router does not see them)
         so a recompute can compute on them; a claim then publishes them. Until ``unexpose``."""
+        self.flush()  # the decode thread read some of them itself
         for req in reqs:
             if req.state == DONE and self.spec.get(req.slot) is req:
                 key = self.key_of[req.slot]
@@ -338,10 +339,15 @@ class Arena:
             self.staging.give(req.buffer)
             req.buffer = None
 
-    def _land(self, req) -> None:
+    def _land(self, req, defer=False) -> None:
         """Staged: on the reading thread, once the read is complete (``ReadRequest.land``)."""
         row, req.buffer = req.buffer, None
-        self.staging.land(row, req.slot)
+        self.staging.land(row, req.slot, defer)
+
+    def flush(self) -> None:
+        """The copies of the reads this thread made itself are in their slots (staged writes)."""
+        if self.staging is not None:
+            self.staging.flush()
 
     def _request(self, s, key, speculative=False) -> ReadRequest:
         layer, expert = divmod(key, self.E)
@@ -446,14 +452,17 @@ class Arena:
 
     def _wait_all(self, reqs):
         error = None
-        for req in reversed(reqs):  # workers take the queue front; the decode thread helps from the back
-            self.io.help(req)
-        for req in reqs:
-            req.event.wait()
-            if req.error is not None and error is None:
-                error = req.error
-            elif req.state == CANCELLED and error is None:
-                error = StoreError(f"read of layer {req.blob.layer} expert {req.blob.expert} was cancelled")
+        try:
+            for req in reversed(reqs):  # workers take the queue front; the decode thread helps from the back
+                self.io.help(req)
+            for req in reqs:
+                req.event.wait()
+                if req.error is not None and error is None:
+                    error = req.error
+                elif req.state == CANCELLED and error is None:
+                    error = StoreError(f"read of layer {req.blob.layer} expert {req.blob.expert} was cancelled")
+        finally:
+            self.flush()
         if error is not None:
             raise error
 

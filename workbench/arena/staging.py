@@ -1,15 +1,18 @@
 """Staged slot writes: a read lands in a bounce row of host memory, and the thread that read it
-copies the row into its slot before the read counts as done.
+copies the row into its slot.
 
-On CUDA the rows are pinned (``cudaHostAlloc``) and the copy is a DMA (``cudaMemcpyAsync`` on the
-reading thread's own stream, then a wait for it) into the slot tensors, whose managed pages are
-advised to live on the GPU: the host never touches slot memory, so no page migrates back and
-forth (``os.preadv`` straight into managed memory moves its pages to the host, and the GPU then
-faults every one of them back). Elsewhere the rows are plain host memory and the copy is a host
-copy, so the CPU runs the same rules.
+On CUDA the rows are pinned (``cudaHostAlloc``) and the copy is a DMA on the reading thread's own
+stream into the slot tensors (one ``cudaMemcpyBatchAsync`` for the row's tensors where the runtime
+has it, else one ``cudaMemcpyAsync`` per tensor), whose managed pages are advised to live on the
+GPU: the host never touches slot memory, so no page migrates back and forth (``os.preadv`` straight
+into managed memory moves its pages to the host, and the GPU then faults every one of them back).
+Elsewhere the rows are plain host memory and the copy is a host copy, so the CPU runs the same rules.
 
-A slot's data is in place when its read is done, as with direct writes: the engine orders slot
-reuse against the device's compute the same way for both.
+A read by an I/O worker waits for its copy before it counts as done. A read by the thread that
+will wait for it (``IOScheduler.help``: the decode thread reading a demand miss itself) only
+queues its copy (``defer``); that thread calls ``flush`` once, after the layer's last read and
+before anything computes on the slots, and the rows come back then. Either way a slot's data is in
+place before the engine computes on it, as with direct writes.
 """
 
 from __future__ import annotations
@@ -27,10 +30,11 @@ import numpy as np
 
 
 class Row:
-    __slots__ = ("chunk", "views", "ptrs")
+    __slots__ = ("chunk", "views", "ptrs", "srcs")
 
     def __init__(self, chunk, views, ptrs):
         self.chunk, self.views, self.ptrs = chunk, views, ptrs  # chunk: keeps the memory alive
+        self.srcs = (ctypes.c_void_p * len(ptrs))(*ptrs)  # the same addresses, as a batch copy takes them
 
 
 class Staging:
@@ -46,6 +50,9 @@ class Staging:
         self.device_copy = self._cuda is not None and all(_on_gpu(self._cuda, _address(r), r.nbytes) for r in raw)
         if self.device_copy:
             self.bases = [_address(r) for r in raw]
+            self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
+            self._dsts = {}  # slot -> its tensors' addresses, as a batch copy takes them
+            self.batched = _batch_copy(self._cuda) is not None  # False: one copy per tensor
         else:
             self.slot_views = raw
         self._local = threading.local()
@@ -60,27 +67,60 @@ class Staging:
     def give(self, row: Row) -> None:
         self.free.append(row)
 
-    def land(self, row: Row, slot: int) -> None:
-        """Copy ``row`` into ``slot`` (on the calling thread), then give the row back."""
+    def land(self, row: Row, slot: int, defer: bool = False) -> None:
+        """Copy ``row`` into ``slot`` on the calling thread. The copy is complete and the row given
+        back when this returns, or, with ``defer``, when this thread next calls ``flush``."""
         try:
             if self.device_copy:
                 self._copy_to_device(row, slot)
             else:
                 for view, n, src in zip(self.slot_views, self.sizes, row.views):
                     view[slot * n:(slot + 1) * n] = src
+        except BaseException:
+            self._pending().append(row)
+            self.flush()
+            raise
+        self._pending().append(row)
+        if not defer:
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait for this thread's queued copies, then give their rows back."""
+        pending = self._pending()
+        if not pending:
+            return
+        try:
+            if self.device_copy:
+                rc = self._cuda.cudaStreamSynchronize(self._stream())
+                if rc != 0:
+                    raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
         finally:
-            self.give(row)
+            for row in pending:
+                self.give(row)
+            pending.clear()
+
+    def _pending(self) -> list:
+        pending = getattr(self._local, "pending", None)
+        if pending is None:
+            pending = self._local.pending = []
+        return pending
 
     def _copy_to_device(self, row, slot):
         lib, stream = self._cuda, self._stream()
+        if self.batched:
+            dsts = self._dsts.get(slot)
+            if dsts is None:
+                dsts = self._dsts[slot] = (ctypes.c_void_p * len(self.bases))(*[b + slot * n for b, n in
+                                                                                zip(self.bases, self.sizes)])
+            rc = _batch_copy(lib)(dsts, row.srcs, self._sizes, len(self.sizes), stream)
+            if rc == 0:
+                return
+            self.batched = False  # refused (an older driver): copy tensor by tensor from now on
         for base, n, src in zip(self.bases, self.sizes, row.ptrs):
             rc = lib.cudaMemcpyAsync(ctypes.c_void_p(base + slot * n), ctypes.c_void_p(src), ctypes.c_size_t(n),
                                      _MEMCPY_DEFAULT, stream)
             if rc != 0:
                 raise RuntimeError(f"cudaMemcpyAsync into slot {slot} failed (CUDA error {rc})")
-        rc = lib.cudaStreamSynchronize(stream)
-        if rc != 0:
-            raise RuntimeError(f"copy into slot {slot} failed (CUDA error {rc})")
 
     def _stream(self):
         """This thread's own non-blocking CUDA stream (never ordered behind MLX's compute)."""
@@ -132,7 +172,14 @@ class _Location(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
+class _CopyAttributes(ctypes.Structure):  # cudaMemcpyAttributes
+    _fields_ = [("srcAccessOrder", ctypes.c_int), ("srcLocHint", _Location), ("dstLocHint", _Location),
+                ("flags", ctypes.c_uint)]
+
+
 _MEMCPY_DEFAULT = 4
+_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: the source is read in stream order
+_HOST = 2  # cudaMemLocationType
 _SET_PREFERRED_LOCATION = 3
 _DEVICE = 1  # cudaMemLocationType
 
@@ -151,6 +198,23 @@ def _on_gpu(lib, ptr: int, size: int) -> bool:
     else:
         ok = advise(p, n, _SET_PREFERRED_LOCATION, gpu) == 0 and prefetch(p, n, gpu, ctypes.c_uint(0), None) == 0
     return ok and lib.cudaDeviceSynchronize() == 0
+
+
+@functools.lru_cache(maxsize=1)
+def _batch_copy(lib):
+    """``f(dsts, srcs, sizes, count, stream) -> CUDA error`` through ``cudaMemcpyBatchAsync`` (CUDA
+    12.8+: host to GPU copies in stream order, one call for many), or None where the runtime lacks it."""
+    version = ctypes.c_int()
+    fn = getattr(lib, "cudaMemcpyBatchAsync", None)
+    if fn is None or lib.cudaRuntimeGetVersion(ctypes.byref(version)) != 0 or version.value < 12080:
+        return None
+    attrs = _CopyAttributes(_ACCESS_ORDER_STREAM, _Location(_HOST, 0), _Location(_DEVICE, 0), 0)
+    index, failed = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    if version.value >= 13000:  # CUDA 13 dropped the failIdx argument
+        return lambda dsts, srcs, sizes, n, stream: fn(dsts, srcs, sizes, ctypes.c_size_t(n), ctypes.byref(attrs),
+                                                       ctypes.byref(index), ctypes.c_size_t(1), stream)
+    return lambda dsts, srcs, sizes, n, stream: fn(dsts, srcs, sizes, ctypes.c_size_t(n), ctypes.byref(attrs),
+                                                   ctypes.byref(index), ctypes.c_size_t(1), ctypes.byref(failed), stream)
 
 
 @functools.lru_cache(maxsize=1)

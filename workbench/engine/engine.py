@@ -400,10 +400,11 @@ class Engine(SpeculativeMixin):
         p.y = mx.argmax(logits, axis=-1)
         computed = [layer for layer in self.m.moe_layers if layer >= p.start]
         p.computed = computed
-        # what the trace keeps (router logits and MoE inputs) or the planner reads (logits), as float32
-        keep = (p.logits, p.moe_in) if self.recorder is not None else (p.logits,) if self.planner is not None else ()
+        # what the planner reads on the host (router logits), as float32; a trace keeps its values on
+        # the device and converts them all when the run ends
+        keep = (p.logits,) if self.planner is not None else ()
         p.record = [d for d in keep if all(layer in d for layer in computed)]
-        # one array, one transfer: every layer's ids, the recorded values (their float32 bits), the
+        # one array, one transfer: every layer's ids, the planner's values (their float32 bits), the
         # logits' sum (finite?), the token
         ids = [p.ids[layer].reshape(-1).astype(mx.uint32) for layer in computed] if p.with_ids else []
         values = [mx.view(d[layer].reshape(-1).astype(mx.float32), mx.uint32) for d in p.record for layer in computed]
@@ -464,8 +465,7 @@ class Engine(SpeculativeMixin):
         return p.out, ahead
 
     def _host_values(self, p, layers, flat):
-        """The trace's (or the planner's) values of this pass, as numpy, from their part of the
-        token's one transfer."""
+        """The planner's values of this pass, as numpy, from their part of the token's one transfer."""
         self._logits, self._moe_in = p.logits, p.moe_in
         pos = 0
         for d in p.record:

@@ -57,7 +57,7 @@ class ReadRequest:
         self.claimed = None  # for speculation: None (not yet) or "late" (claimed while in flight)
         self.step = 0
         self.buffer = None  # staged slot writes: the bounce row the read lands in
-        self.land = None  # called with the request by the reading thread once it read it all (staged)
+        self.land = None  # called (request, defer) by the reading thread once it read it all (staged)
         self.page_cached = None  # demand reads through the page cache: whether the blob was in it before
 
     @property
@@ -135,22 +135,24 @@ class IOScheduler:
 
     def help(self, req: ReadRequest) -> None:
         """The waiting thread reads ``req`` itself if no worker has started it yet: a demand miss
-        then costs one read, not a read plus two thread hand-offs."""
+        then costs one read, not a read plus two thread hand-offs. A staged read's copy into its
+        slot is then only queued: the waiting thread flushes it (``Staging.flush``) before it
+        computes on the slot."""
         with self.cv:
             if req.state != QUEUED or not req.urgent or req not in self.urgent:
                 return
             self.urgent.remove(req)
             req.state = RUNNING
-        self._run(req)
+        self._run(req, defer=True)
 
-    def _run(self, req: ReadRequest) -> None:
+    def _run(self, req: ReadRequest, defer: bool = False) -> None:
         req.t_start = time.perf_counter_ns()
         try:
             probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
             req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views, lambda: req.cancel_flag, probe)
             state = CANCELLED if req.bytes_read < req.blob.size else DONE
             if state == DONE and req.land is not None:
-                req.land(req)
+                req.land(req, defer)
         except BaseException as e:  # surfaces on the decode thread via wait()
             req.error, state = e, FAILED
         with self.cv:

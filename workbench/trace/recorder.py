@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import mlx.core as mx
 import numpy as np
 
 from .. import __version__
@@ -141,7 +142,11 @@ class _Call(NamedTuple):
 
 
 def _stack(values, n) -> np.ndarray:
-    """numpy or MLX arrays of n[i] rows each, as one float32 array of their rows."""
+    """numpy or MLX arrays of n[i] rows each, as one float32 array of their rows (MLX arrays in one
+    transfer)."""
+    values = list(values)
+    if all(isinstance(v, mx.array) for v in values):
+        return to_numpy(mx.concatenate([v.reshape(k, -1).astype(mx.float32) for v, k in zip(values, n)]))
     return np.concatenate([to_numpy(v).reshape(k, -1) for v, k in zip(values, n)])
 
 
