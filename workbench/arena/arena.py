@@ -112,6 +112,7 @@ class Arena:
         for layer, experts in by_layer.items():
             for i in range(0, len(experts), self.n_slots):
                 self.at_layer(layer, sorted(experts[i:i + self.n_slots]))
+                self.flush()
                 self.release()
 
     # ---- residency queries -------------------------------------------------------------
@@ -160,7 +161,8 @@ class Arena:
     # ---- demand path -------------------------------------------------------------------
     def at_layer(self, layer: int, experts) -> np.ndarray:
         """Make ``experts`` (unique ids) of ``layer`` resident and published; returns the layer's
-        expert->slot table (the placeholder for experts not published)."""
+        expert->slot table (the placeholder for experts not published). Compute on the slots with
+        ids from ``landed`` (or after ``flush``): staged reads land then."""
         c = self.counters.row(self.step, layer)
         base = layer * self.E
         keys = [base + int(e) for e in experts]
@@ -344,8 +346,13 @@ class Arena:
         row, req.buffer = req.buffer, None
         self.staging.land(row, req.slot, defer)
 
+    def landed(self, idx: mx.array) -> mx.array:
+        """Slot ids ``idx`` to compute with after a claim: staged reads that the decode thread made
+        itself land in their slots before that compute (``Staging.landed``)."""
+        return idx if self.staging is None else self.staging.landed(idx)
+
     def flush(self) -> None:
-        """The copies of the reads this thread made itself are in their slots (staged writes)."""
+        """Staged reads that this thread made itself are in their slots now (a host wait)."""
         if self.staging is not None:
             self.staging.flush()
 
@@ -451,6 +458,8 @@ class Arena:
         return s
 
     def _wait_all(self, reqs):
+        """Wait for ``reqs``, reading them on this thread where no worker has started them; the
+        ones it read land with the caller's compute (``landed``), or now if one failed."""
         error = None
         try:
             for req in reversed(reqs):  # workers take the queue front; the decode thread helps from the back
@@ -461,9 +470,11 @@ class Arena:
                     error = req.error
                 elif req.state == CANCELLED and error is None:
                     error = StoreError(f"read of layer {req.blob.layer} expert {req.blob.expert} was cancelled")
-        finally:
+        except BaseException:
             self.flush()
+            raise
         if error is not None:
+            self.flush()  # the reads that completed keep their data
             raise error
 
     def _drop_failed(self, reqs, unsubmitted, fresh):

@@ -30,46 +30,65 @@ import numpy as np
 
 
 class Row:
-    __slots__ = ("chunk", "views", "ptrs", "srcs")
+    __slots__ = ("chunk", "views", "ptrs", "srcs", "device")
 
-    def __init__(self, chunk, views, ptrs):
+    def __init__(self, chunk, views, ptrs, device):
         self.chunk, self.views, self.ptrs = chunk, views, ptrs  # chunk: keeps the memory alive
         self.srcs = (ctypes.c_void_p * len(ptrs))(*ptrs)  # the same addresses, as a batch copy takes them
+        self.device = device  # the row's first byte as the GPU addresses it (pinned rows), else 0
 
 
 class Staging:
     """Bounce rows for the slot tensors ``tensors`` ([n_slots + 1, ...] MLX arrays, in the slot's
-    order); a row's ``views`` are one writable byte view per tensor (what a read fills)."""
+    order); a row's ``views`` are one writable byte view per tensor (what a read fills).
+
+    Rows land in their slots on the reading thread (``land``), or, for the decode thread's own
+    reads (``defer``), when it next calls ``landed`` (with the slot ids the compute takes) or
+    ``flush``. On CUDA the decode thread's rows land through one kernel per claim that reads
+    them from pinned memory and writes the slots, in the device's stream order: ``landed`` returns
+    the ids as that kernel's output, so the compute that reads the slots waits for it (no host
+    sync, no runtime call per expert)."""
 
     def __init__(self, tensors, rows_per_chunk=16):
         raw = [memoryview(a).cast("B") for a in tensors]
         self.sizes = [r.nbytes // a.shape[0] for r, a in zip(raw, tensors)]
+        self.offsets = np.cumsum([0] + [-(-n // _ALIGN) * _ALIGN for n in self.sizes])  # in a row
         self.rows_per_chunk = rows_per_chunk
         self.free: deque[Row] = deque()  # taken on the decode thread, given back by readers
+        self._inflight: deque = deque()  # (landing kernel's output, its rows) that it may still read
+        self._local = threading.local()
         self._cuda = _cudart() if cuda_available() and mx.default_device() != mx.cpu else None
         self.device_copy = self._cuda is not None and all(_on_gpu(self._cuda, _address(r), r.nbytes) for r in raw)
+        self.kernel = False  # the decode thread's rows land through the landing kernel
         if self.device_copy:
             self.bases = [_address(r) for r in raw]
             self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
             self._dsts = {}  # slot -> its tensors' addresses, as a batch copy takes them
             self.batched = _batch_copy(self._cuda) is not None  # False: one copy per tensor
+            self._plan = _chunks(self.sizes, self.offsets)
+            self.kernel = self._kernel_works(tensors)
         else:
             self.slot_views = raw
-        self._local = threading.local()
 
     def take(self) -> Row:
-        try:
-            return self.free.pop()
-        except IndexError:
-            self._grow()
-            return self.free.pop()
+        if not self.free:
+            if self._inflight:  # the oldest landing kernel has run by now (a later sync waited for it)
+                out, rows = self._inflight.popleft()
+                mx.eval(out)
+                self.free.extend(rows)
+            else:
+                self._grow()
+        return self.free.pop()
 
     def give(self, row: Row) -> None:
         self.free.append(row)
 
     def land(self, row: Row, slot: int, defer: bool = False) -> None:
-        """Copy ``row`` into ``slot`` on the calling thread. The copy is complete and the row given
-        back when this returns, or, with ``defer``, when this thread next calls ``flush``."""
+        """Copy ``row`` into ``slot`` on the calling thread, complete and the row given back when
+        this returns; with ``defer``, once this thread calls ``landed`` or ``flush``."""
+        if defer and self.kernel:
+            self._pending().append((row, slot))  # the landing kernel copies it
+            return
         try:
             if self.device_copy:
                 self._copy_to_device(row, slot)
@@ -77,33 +96,78 @@ class Staging:
                 for view, n, src in zip(self.slot_views, self.sizes, row.views):
                     view[slot * n:(slot + 1) * n] = src
         except BaseException:
-            self._pending().append(row)
+            self._pending().append((row, None))
             self.flush()
             raise
-        self._pending().append(row)
+        self._pending().append((row, None))
         if not defer:
             self.flush()
 
+    def landed(self, idx: mx.array) -> mx.array:
+        """``idx`` (uint32 slot ids), computed only once this thread's deferred rows are in their
+        slots: compute on the slots with the returned ids."""
+        pending = self._pending()
+        if not pending or pending[0][1] is None:
+            self.flush()
+            return idx
+        out = self._launch(pending, idx)
+        self._inflight.append((out, [row for row, _ in pending]))
+        pending.clear()
+        return out
+
     def flush(self) -> None:
-        """Wait for this thread's queued copies, then give their rows back."""
+        """This thread's deferred rows are in their slots (waits for them), and given back."""
         pending = self._pending()
         if not pending:
             return
         try:
-            if self.device_copy:
+            if pending[0][1] is not None:
+                mx.eval(self._launch(pending, mx.zeros((1,), dtype=mx.uint32)))
+            elif self.device_copy:
                 rc = self._cuda.cudaStreamSynchronize(self._stream())
                 if rc != 0:
                     raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
         finally:
-            for row in pending:
+            for row, _ in pending:
                 self.give(row)
             pending.clear()
 
     def _pending(self) -> list:
+        """This thread's deferred rows: (row, slot) for the landing kernel, (row, None) copied already."""
         pending = getattr(self._local, "pending", None)
         if pending is None:
             pending = self._local.pending = []
         return pending
+
+    def _launch(self, pending, idx):
+        """The landing kernel for ``pending`` [(row, slot)]: its output is ``idx``."""
+        src_off, tensor, dst_off, nbytes = self._plan
+        rows = np.array([row.device for row, _ in pending], dtype=np.uint64)[:, None]
+        slots = np.array([slot for _, slot in pending], dtype=np.uint64)[:, None]
+        table = np.empty((1 + rows.size * src_off.size, 3), dtype=np.uint64)
+        table[0] = (idx.size, 0, 0)
+        table[1:, 0] = (rows + src_off).reshape(-1)
+        table[1:, 1] = (self._base[tensor] + slots * self._size[tensor] + dst_off).reshape(-1)
+        table[1:, 2] = np.broadcast_to(nbytes, (rows.size, nbytes.size)).reshape(-1)
+        n = table.shape[0] - 1
+        return _landing_kernel()(inputs=[mx.array(table), idx], grid=(n * _THREADS, 1, 1), threadgroup=(_THREADS, 1, 1),
+                                 output_shapes=[idx.shape], output_dtypes=[mx.uint32])[0]
+
+    def _kernel_works(self, tensors) -> bool:
+        """Whether the landing kernel copies a row into slot 0 exactly here (it is free: the slots
+        are new). False where MLX cannot build it; then every read lands by DMA."""
+        self._base = np.array(self.bases, dtype=np.uint64)
+        self._size = np.array(self.sizes, dtype=np.uint64)
+        try:
+            row = self.take()
+            for i, view in enumerate(row.views):
+                view[:] = bytes((i + j) % 251 for j in range(len(view)))
+            mx.eval(self._launch([(row, 0)], mx.zeros((1,), dtype=mx.uint32)))
+            ok = all(np.array(t[0].view(mx.uint8)).tobytes() == bytes(v) for t, v in zip(tensors, row.views))
+            self.give(row)
+            return ok
+        except Exception:
+            return False
 
     def _copy_to_device(self, row, slot):
         lib, stream = self._cuda, self._stream()
@@ -133,18 +197,59 @@ class Staging:
         return stream
 
     def _grow(self):
-        n, row_bytes = self.rows_per_chunk, sum(self.sizes)
+        n, row_bytes = self.rows_per_chunk, int(self.offsets[-1])
         chunk = _Pinned(self._cuda, n * row_bytes) if self.device_copy else bytearray(n * row_bytes)
         raw = memoryview(chunk.buffer if self.device_copy else chunk).cast("B")
         base = _address(raw)
+        device = chunk.device if self.device_copy else 0
         for i in range(n):
-            off, views, ptrs = i * row_bytes, [], []
-            for size in self.sizes:
-                views.append(raw[off:off + size])
-                ptrs.append(base + off)
-                off += size
-            self.free.append(Row(chunk, views, ptrs))
+            off = i * row_bytes
+            views = [raw[off + o:off + o + size] for o, size in zip(self.offsets, self.sizes)]
+            ptrs = [base + off + int(o) for o in self.offsets[:-1]]
+            self.free.append(Row(chunk, views, ptrs, device + off if device else 0))
         self.rows_per_chunk *= 2
+
+
+_ALIGN = 64  # a row's tensors start at multiples of this (the landing kernel copies 16 bytes at a time)
+_CHUNK = 32 * 1024  # bytes per block of the landing kernel
+_THREADS = 256
+
+
+def _chunks(sizes, offsets):
+    """The landing kernel's copies of one row, as arrays: (offset in the row, tensor, offset in the
+    tensor's slot, bytes), at most ``_CHUNK`` bytes each."""
+    plan = [(int(o) + c, t, c, min(_CHUNK, n - c)) for t, (o, n) in enumerate(zip(offsets, sizes))
+            for c in range(0, n, _CHUNK)]
+    src, tensor, dst, nbytes = (np.array(col, dtype=np.uint64) for col in zip(*plan))
+    return src, tensor.astype(np.int64), dst, nbytes
+
+
+_LANDING_SOURCE = """
+    const unsigned long long* t = (const unsigned long long*)copies;
+    unsigned long long c = blockIdx.x;
+    unsigned long long s = t[3 * (c + 1)], d = t[3 * (c + 1) + 1], n = t[3 * (c + 1) + 2];
+    if (((s | d | n) & 15ull) == 0) {
+        const Words16* src = (const Words16*)s;
+        Words16* dst = (Words16*)d;
+        for (unsigned long long i = threadIdx.x; i < n / 16; i += blockDim.x) dst[i] = src[i];
+    } else {
+        const unsigned char* src = (const unsigned char*)s;
+        unsigned char* dst = (unsigned char*)d;
+        for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    }
+    if (c == 0) {
+        for (unsigned long long i = threadIdx.x; i < t[0]; i += blockDim.x) out[i] = idx[i];
+    }
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _landing_kernel():
+    """Copies (source, destination, bytes) rows of a uint64 table (after a header row whose first
+    value is the size of ``idx``), one block each, from pinned host memory into slot memory; its
+    output is ``idx``, so whatever computes with it runs after every copy."""
+    return mx.fast.cuda_kernel(name="workbench_land_rows", input_names=["copies", "idx"], output_names=["out"],
+                               source=_LANDING_SOURCE, header="struct alignas(16) Words16 { unsigned long long a, b; };")
 
 
 class _Pinned:
@@ -155,6 +260,9 @@ class _Pinned:
         if lib.cudaHostAlloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 0) != 0:
             raise MemoryError(f"cudaHostAlloc of {nbytes} bytes failed")
         self.buffer = (ctypes.c_ubyte * nbytes).from_address(ptr.value)
+        device = ctypes.c_void_p()  # the same memory as the GPU addresses it (the same address under UVA)
+        ok = lib.cudaHostGetDevicePointer(ctypes.byref(device), ptr, 0) == 0 and device.value
+        self.device = device.value if ok else ptr.value
         weakref.finalize(self, lib.cudaFreeHost, ptr).atexit = False  # at exit the process frees it (CUDA may be gone)
 
 

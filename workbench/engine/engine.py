@@ -492,6 +492,7 @@ class Engine(SpeculativeMixin):
         """What per-layer decode does at ``layer`` once its ids are known, in the same order."""
         self._selected(layer, ids.reshape(1, 1, -1))
         self.arena.at_layer(layer, np.sort(ids))
+        self.arena.flush()  # a recompute from this layer reads its slots through the device table
         if not keep_pins:
             self.arena.release()
             self.arena.after_layer()
@@ -668,10 +669,10 @@ class Engine(SpeculativeMixin):
             table = self.arena.at_layer(layer, wave)
             t0 = time.perf_counter_ns()
             if len(waves) == 1:
-                y = inner(x, mx.array(table[ids].astype(np.uint32)))
+                y = inner(x, self.arena.landed(mx.array(table[ids].astype(np.uint32))))
             else:
                 mask = np.isin(ids, wave)
-                part = inner(x, mx.array(np.where(mask, table[ids], table[wave[0]]).astype(np.uint32)))
+                part = inner(x, self.arena.landed(mx.array(np.where(mask, table[ids], table[wave[0]]).astype(np.uint32))))
                 part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
                 y = part if y is None else y + part
             if i < len(waves) - 1:
