@@ -119,6 +119,9 @@ def main():
     ap.add_argument("--inline-below", default="engine", help="blob size (bytes) below which the waiting thread reads "
                     "a demand miss itself rather than waking a worker, comma-separated values to compare (default: "
                     "the engine's)")
+    ap.add_argument("--landing", default="engine", help="staged writes on CUDA: how the decode thread's own reads "
+                    "land, comma-separated values to compare: kernel (one landing kernel per claim) or dma (a copy "
+                    "per read); default: the engine's")
     ap.add_argument("--ahead", default="none", help="read-ahead to compare, comma-separated PREDICTOR:LOOKAHEAD or "
                     "none, e.g. none,layer:1 (exact either way)")
     ap.add_argument("--profile", type=int, default=0, help="also print the N functions with the most host time per "
@@ -139,14 +142,18 @@ def main():
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
     print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
           "recomp  host-us/layer")
-    combos = [(arena, decode, w, ahead, inline) for arena in a.arenas.split(",") for decode in a.decode.split(",")
-              for w in (a.writes.split(",") if a.writes else [None]) for ahead in a.ahead.split(",")
-              for inline in a.inline_below.split(",")]
-    for arena, decode, writes, ahead, inline in combos:
+    combos = [(arena, decode, w, ahead, inline, landing) for arena in a.arenas.split(",")
+              for decode in a.decode.split(",") for w in (a.writes.split(",") if a.writes else [None])
+              for ahead in a.ahead.split(",") for inline in a.inline_below.split(",") for landing in a.landing.split(",")]
+    for arena, decode, writes, ahead, inline, landing in combos:
             with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, ahead=ahead_config(ahead),
                              progress=False) as eng:
                 if inline != "engine":
                     eng.io.inline_below = int(inline)
+                if landing == "dma" and eng.arena.staging is not None:
+                    eng.arena.staging.kernel = False
+                elif landing not in ("engine", "dma", "kernel"):
+                    raise SystemExit(f"--landing {landing}: use kernel or dma")
                 streamed(eng, prompt, 8)  # warm: page cache and compiled kernels
                 r, f, s, q, stats = [], [], [], [], None
                 for _ in range(a.reps):
@@ -159,13 +166,16 @@ def main():
                 rm, fm, sm = statistics.median(r), statistics.median(f), statistics.median(s)
                 qm = f"{statistics.median(q):7.2f}" if q else "    n/a"
                 label = decode + ("" if ahead == "none" else f"+{ahead}") + ("" if inline == "engine" else f" inline<{inline}")
+                staging = eng.arena.staging
+                if landing != "engine" and staging is not None and staging.device_copy:
+                    label += " kernel" if staging.kernel else " dma"
                 print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
                       f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
                       f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  "
                       f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}", flush=True)
                 if a.profile:
                     host_profile(eng, prompt, a.tokens, a.profile)
-                if arena == "1.0" and (decode, writes, ahead, inline) == combos[0][1:]:
+                if arena == "1.0" and (decode, writes, ahead, inline, landing) == combos[0][1:]:
                     with tempfile.TemporaryDirectory() as d:
                         plain, traced = [], []
                         for i in range(a.reps):

@@ -271,7 +271,9 @@ class Arena:
 
     def release(self) -> None:
         """Unpin the current layer's slots. Call once their expert compute is evaluated, or is
-        certain to be evaluated before any slot can change owner (the next router sync)."""
+        certain to be evaluated before any slot can change owner (the next router sync). Reads
+        not landed yet (a claim that ended in an error before its compute) land first."""
+        self.flush()
         for s in self._pins:
             self.pinned[s] = False
         self._pins.clear()
