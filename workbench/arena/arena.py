@@ -322,8 +322,11 @@ class Arena:
         return None if s is None else self.spec.get(s)
 
     def finish_speculation(self) -> None:
-        """End of a request: settle every open speculative read and unmap it (deterministic)."""
+        """End of a request: every read has landed; settle every open speculative read and unmap
+        it (deterministic)."""
         error = None
+        if self.staging is not None:
+            self.staging.drain()  # a run that failed between a claim and its compute left a landing unrun
         self.unexpose()  # a run that failed while recomputing left exposed slots in the table
         for s, req in list(self.spec.items()):
             self.io.cancel(req)

@@ -132,6 +132,13 @@ class Staging:
                 self.give(row)
             pending.clear()
 
+    def drain(self) -> None:
+        """Every landing has run (waits for them) and every row is back: the end of a request."""
+        self.flush()
+        mx.eval([out for out, _ in self._inflight])
+        while self._inflight:
+            self.free.extend(self._inflight.popleft()[1])
+
     def _pending(self) -> list:
         """This thread's deferred rows: (row, slot) for the landing kernel, (row, None) copied already."""
         pending = getattr(self._local, "pending", None)
