@@ -112,7 +112,6 @@ class Arena:
         for layer, experts in by_layer.items():
             for i in range(0, len(experts), self.n_slots):
                 self.at_layer(layer, sorted(experts[i:i + self.n_slots]))
-                self.flush()
                 self.release()
 
     # ---- residency queries -------------------------------------------------------------
@@ -464,22 +463,17 @@ class Arena:
 
     def _wait_all(self, reqs):
         """Wait for ``reqs``, reading them on this thread where no worker has started them; the
-        ones it read land with the caller's compute (``landed``), or now if one failed."""
+        ones it read land with the caller's compute (``landed``), or in ``release``."""
         error = None
-        try:
-            for req in reversed(reqs):  # workers take the queue front; the decode thread helps from the back
-                self.io.help(req)
-            for req in reqs:
-                req.event.wait()
-                if req.error is not None and error is None:
-                    error = req.error
-                elif req.state == CANCELLED and error is None:
-                    error = StoreError(f"read of layer {req.blob.layer} expert {req.blob.expert} was cancelled")
-        except BaseException:
-            self.flush()
-            raise
+        for req in reversed(reqs):  # workers take the queue front; the decode thread helps from the back
+            self.io.help(req)
+        for req in reqs:
+            req.event.wait()
+            if req.error is not None and error is None:
+                error = req.error
+            elif req.state == CANCELLED and error is None:
+                error = StoreError(f"read of layer {req.blob.layer} expert {req.blob.expert} was cancelled")
         if error is not None:
-            self.flush()  # the reads that completed keep their data
             raise error
 
     def _drop_failed(self, reqs, unsubmitted, fresh):

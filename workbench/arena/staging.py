@@ -9,10 +9,10 @@ into managed memory moves its pages to the host, and the GPU then faults every o
 Elsewhere the rows are plain host memory and the copy is a host copy, so the CPU runs the same rules.
 
 A read by an I/O worker waits for its copy before it counts as done. A read by the thread that
-will wait for it (``IOScheduler.help``: the decode thread reading a demand miss itself) only
-queues its copy (``defer``); that thread calls ``flush`` once, after the layer's last read and
-before anything computes on the slots, and the rows come back then. Either way a slot's data is in
-place before the engine computes on it, as with direct writes.
+will wait for it (``IOScheduler.help``: the decode thread reading a demand miss itself) defers its
+landing: on CUDA to one landing kernel per claim (``landed``), elsewhere to the claim's end; the
+claim's compute takes its slot ids from ``landed`` (or waits in ``flush``). Either way a slot's
+data is in place before the engine computes on it, as with direct writes.
 """
 
 from __future__ import annotations

@@ -135,9 +135,8 @@ class IOScheduler:
 
     def help(self, req: ReadRequest) -> None:
         """The waiting thread reads ``req`` itself if no worker has started it yet: a demand miss
-        then costs one read, not a read plus two thread hand-offs. A staged read's copy into its
-        slot is then only queued: the waiting thread flushes it (``Staging.flush``) before it
-        computes on the slot."""
+        then costs one read, not a read plus two thread hand-offs. A staged read then defers its
+        landing in the slot to the waiting thread's compute (``Staging.landed``)."""
         with self.cv:
             if req.state != QUEUED or not req.urgent or req not in self.urgent:
                 return
