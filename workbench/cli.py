@@ -20,14 +20,24 @@ def parse_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids wants comma-separated integers, got {text!r}") from None
 
 
-def add_engine_args(p):
+def add_arena_args(p):
+    """--arena, --policy, --hotlist (``arena_config``): one spelling for the engine and ioreplay."""
     p.add_argument("--arena", default="0.25",
                    help="fraction of routed experts (0.25, 25%%), slot count (64) or size (2GB = 2e9 bytes, 2GiB = 2^31)")
     p.add_argument("--policy", default="lru", help="eviction policy (lru, slru, twohit, ds4, static, s3fifo, lfu, fifo)")
     p.add_argument("--hotlist", help="hotlist file for --policy static or ds4 (KEY or LAYER EXPERT per line)")
+
+
+def add_io_args(p):
+    """--io-workers, --io-reserved, --io-mode (``io_config``): one spelling for the engine and ioreplay."""
     p.add_argument("--io-workers", type=int, default=8)
     p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--io-mode", default="buffered", help="buffered | dontneed | direct | nocache")
+
+
+def add_engine_args(p):
+    add_arena_args(p)
+    add_io_args(p)
     p.add_argument("--verify", default="changed",
                    help="checksum blobs: always | changed (first read, and again after experts.bin changed) | "
                         "first (first read of each) | never")
@@ -113,15 +123,20 @@ def arena_config(args, **extra):
     return ArenaConfig(size=args.arena, policy=args.policy, policy_options=options, **extra)
 
 
+def io_config(args, verify):
+    """The IOConfig of --io-workers, --io-reserved and --io-mode."""
+    from .config import IOConfig
+
+    return IOConfig(workers=args.io_workers, reserved=args.io_reserved, mode=args.io_mode, verify=verify)
+
+
 def engine_config(args) -> dict:
     """Engine keyword arguments from the flags, every value checked before a store is opened or a thread started."""
     from .checks import whole
-    from .config import IOConfig
 
     if getattr(args, "max_tokens", None) is not None:
         whole("--max-tokens", args.max_tokens, 1)
-    return dict(arena=arena_config(args, writes=args.slot_writes),
-                io=IOConfig(workers=args.io_workers, reserved=args.io_reserved, mode=args.io_mode, verify=args.verify),
+    return dict(arena=arena_config(args, writes=args.slot_writes), io=io_config(args, args.verify),
                 ahead=ahead_config(args), device=args.device, decode=args.decode, seed=getattr(args, "seed", None))
 
 

@@ -64,12 +64,11 @@ def cmd_compare(args) -> int:
 
 
 def cmd_ioreplay(args) -> int:
-    from .cli import arena_config
-    from .config import AheadConfig, IOConfig
+    from .cli import arena_config, io_config
+    from .config import AheadConfig
     from .sim.ioreplay import replay_io
 
-    stats = replay_io(args.trace, args.store, arena=arena_config(args),
-                      io=IOConfig(workers=args.io_workers, reserved=args.io_reserved, mode=args.io_mode, verify="never"),
+    stats = replay_io(args.trace, args.store, arena=arena_config(args), io=io_config(args, "never"),
                       ahead=AheadConfig(predictor=args.predictor, lookahead=args.lookahead), compute_ms=args.compute_ms,
                       max_steps=args.max_steps, progress=not args.json, map_layers=args.map_layers,
                       map_experts=args.map_experts)
@@ -82,6 +81,8 @@ def cmd_ioreplay(args) -> int:
 
 
 def register(sub) -> None:
+    from .cli import add_arena_args, add_io_args
+
     p = sub.add_parser("compare", help="run configurations on the same prompt, counters side by side",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="default variants:\n  " + "\n  ".join(DEFAULT_VARIANTS))
@@ -98,17 +99,13 @@ def register(sub) -> None:
     p = sub.add_parser("ioreplay", help="replay a trace's routing through the real arena and I/O against any store")
     p.add_argument("trace")
     p.add_argument("store", help="a packed store whose expert size you want to study")
-    p.add_argument("--arena", default="0.25")
-    p.add_argument("--policy", default="lru")
-    p.add_argument("--hotlist", help="hotlist file for --policy static or ds4")
+    add_arena_args(p)
+    add_io_args(p)
     p.add_argument("--compute-ms", type=float, default=None, help="per-layer compute (default: from the trace's run)")
     p.add_argument("--predictor", default=None, help="read ahead: oracle, or a recorded predictor source (trace column "
                                                      "pred_SRC, e.g. layer); default: layer when --lookahead is given")
     p.add_argument("--lookahead", type=int, default=None, help="layers ahead a read is issued (default 1); without "
                                                                "--predictor it implies --predictor layer")
-    p.add_argument("--io-mode", default="buffered")
-    p.add_argument("--io-workers", type=int, default=8)
-    p.add_argument("--io-reserved", type=int, default=2, help="workers that serve only urgent reads")
     p.add_argument("--max-steps", type=int, default=None)
     p.add_argument("--map-layers", choices=["modulo", "spread"], default=None,
                    help="replay a trace of another model: store layer j takes trace layer j mod n (modulo) "
