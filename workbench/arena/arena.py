@@ -272,10 +272,12 @@ class Arena:
         """Unpin the current layer's slots. Call once their expert compute is evaluated, or is
         certain to be evaluated before any slot can change owner (the next router sync). Reads
         not landed yet (a claim that ended in an error before its compute) land first."""
-        self.flush()
-        for s in self._pins:
-            self.pinned[s] = False
-        self._pins.clear()
+        try:
+            self.flush()
+        finally:
+            for s in self._pins:
+                self.pinned[s] = False
+            self._pins.clear()
 
     def after_layer(self) -> None:
         """Release the previous limbo generation and rotate the current one."""
@@ -324,8 +326,11 @@ class Arena:
         """End of a request: every read has landed; settle every open speculative read and unmap
         it (deterministic)."""
         error = None
-        if self.staging is not None:
-            self.staging.drain()  # a run that failed between a claim and its compute left a landing unrun
+        try:
+            if self.staging is not None:
+                self.staging.drain()  # a run that failed between a claim and its compute left a landing unrun
+        except BaseException as e:  # settle the speculation anyway, then report it
+            error = e
         self.unexpose()  # a run that failed while recomputing left exposed slots in the table
         for s, req in list(self.spec.items()):
             self.io.cancel(req)
@@ -423,7 +428,11 @@ class Arena:
     def _read(self, s, key, batch) -> ReadRequest:
         """A demand read of ``key`` into slot ``s``, queued with ``batch`` (submitted together)."""
         req = self._request(s, key)
-        self._submit(req, key // self.E, batch)
+        try:
+            self._submit(req, key // self.E, batch)
+        except BaseException:  # never queued (a hook raised): its bounce row goes back
+            self._recycle(req)
+            raise
         return req
 
     def _submit(self, req, layer, batch=None):
