@@ -14,9 +14,10 @@ pass can run without asking the host which experts are resident (verified afterw
 Slot writes, per backend (``writes``):
   direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
            memory (CPU, Metal)
-  staged   reads land in a bounce row of host memory, which the reading thread copies into
-           the slot (``staging``: pinned rows and a DMA on CUDA, whose managed slot pages would
-           otherwise migrate to the host on every read and fault back on the next kernel)
+  staged   reads land in a bounce row of host memory, copied into the slot by the I/O worker
+           that read it, or, for the decode thread's own reads, with the claim's compute
+           (``landed``; ``staging``: pinned rows, DMA and a landing kernel on CUDA, whose managed
+           slot pages would otherwise migrate to the host on every read and fault back)
   none     no slot memory: reads land nowhere; the simulators
            drive the same rules with an I/O backend of their own (``sim.vio``)
 

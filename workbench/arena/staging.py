@@ -89,6 +89,7 @@ class Staging:
         if defer and self.kernel:
             self._pending().append((row, slot))  # the landing kernel copies it
             return
+        self._pending().append((row, None))  # given back by flush, after the copy (or its error)
         try:
             if self.device_copy:
                 self._copy_to_device(row, slot)
@@ -96,10 +97,8 @@ class Staging:
                 for view, n, src in zip(self.slot_views, self.sizes, row.views):
                     view[slot * n:(slot + 1) * n] = src
         except BaseException:
-            self._pending().append((row, None))
             self.flush()
             raise
-        self._pending().append((row, None))
         if not defer:
             self.flush()
 

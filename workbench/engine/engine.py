@@ -492,9 +492,10 @@ class Engine(SpeculativeMixin):
         """What per-layer decode does at ``layer`` once its ids are known, in the same order."""
         self._selected(layer, ids.reshape(1, 1, -1))
         self.arena.at_layer(layer, np.sort(ids))
-        self.arena.flush()  # a recompute from this layer reads its slots through the device table
-        if not keep_pins:
-            self.arena.release()
+        if keep_pins:
+            self.arena.flush()  # the recompute from this layer reads its slots through the device table
+        else:
+            self.arena.release()  # (which lands them first)
             self.arena.after_layer()
 
     def _read_next(self, p, ahead):
@@ -668,13 +669,12 @@ class Engine(SpeculativeMixin):
         for i, wave in enumerate(waves):
             table = self.arena.at_layer(layer, wave)
             t0 = time.perf_counter_ns()
-            if len(waves) == 1:
-                y = inner(x, self.arena.landed(mx.array(table[ids].astype(np.uint32))))
-            else:
-                mask = np.isin(ids, wave)
-                part = inner(x, self.arena.landed(mx.array(np.where(mask, table[ids], table[wave[0]]).astype(np.uint32))))
+            mask = None if len(waves) == 1 else np.isin(ids, wave)  # waves: other waves' ids take a slot of this one
+            slots = table[ids] if mask is None else np.where(mask, table[ids], table[wave[0]])
+            part = inner(x, self.arena.landed(mx.array(slots.astype(np.uint32))))
+            if mask is not None:
                 part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
-                y = part if y is None else y + part
+            y = part if y is None else y + part
             if i < len(waves) - 1:
                 mx.eval(y)  # the next wave may overwrite this one's slots: compute first
                 self.arena.release()
