@@ -10,7 +10,8 @@ import pytest
 
 from workbench.cli import main
 from workbench.config import AheadConfig
-from workbench.engine.engine import Engine, to_numpy
+from workbench.arrays import to_numpy
+from workbench.engine.engine import Engine
 from workbench.hooks import run_with_cache, run_with_hooks
 from workbench.trace.recorder import TraceRecorder
 from workbench.trace.schema import TraceError, read_trace, write_trace
@@ -277,4 +278,76 @@ def test_probed_reads_say_what_mincore_says_and_read_the_same_bytes(tiny):
             assert n == blob.size and probed == plain
             assert cached == before or before is None
     finally:
+        reader.close()
+
+
+def test_a_refused_nowait_read_now_and_then_keeps_the_free_probe(tiny):
+    """A kernel may refuse an RWF_NOWAIT read of a cached page now and then (a page locked or marked
+    for read-ahead): mincore answers that read, and the reader keeps asking the read itself; only
+    ``NOWAIT_REFUSALS`` cached refusals in a row turn the free probe off."""
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import NOWAIT_REFUSALS, BlobReader
+
+    _, store = tiny("qwen3_moe", 4)
+    m = Manifest.load(store)
+    reader = BlobReader(store, m)
+    try:
+        if not reader._nowait:
+            pytest.skip("this kernel or file system takes no RWF_NOWAIT reads")
+        blobs = list(m.blobs.values())
+        for blob in blobs:  # all in the page cache
+            reader.read(blob, [memoryview(bytearray(blob.size))])
+        if not all(reader.page_cache.cached(b.offset, b.size) for b in blobs):
+            pytest.skip("the page cache did not keep the store")
+        honest, refuse = reader._try_cached, {"left": 1}
+
+        def sometimes(*args):
+            if refuse["left"]:
+                refuse["left"] -= 1
+                return 0
+            return honest(*args)
+
+        reader._try_cached = sometimes
+        for blob in blobs[:4]:
+            assert reader.read_probed(blob, [memoryview(bytearray(blob.size))]) == (blob.size, True)
+        assert reader._nowait and refuse["left"] == 0
+        refuse["left"] = NOWAIT_REFUSALS
+        for blob in blobs[:NOWAIT_REFUSALS]:
+            assert reader.read_probed(blob, [memoryview(bytearray(blob.size))]) == (blob.size, True)
+        assert not reader._nowait
+    finally:
+        reader.close()
+
+
+def test_small_demand_misses_are_read_by_the_claiming_thread_unqueued(tiny):
+    """Blobs below ``inline_below``: the thread that claims them reads them all itself, in
+    ``submit_many``, without queueing them for a worker; each ends done, with its bytes."""
+    import threading
+
+    from workbench.io.scheduler import DONE, IOScheduler, ReadRequest
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import BlobReader
+
+    _, store = tiny("qwen3_moe", 4)
+    m = Manifest.load(store)
+    reader = BlobReader(store, m)
+    io = IOScheduler(reader, workers=2, reserved=1)
+    readers = []
+    reader.inject = lambda blob: readers.append(threading.current_thread().name)
+    try:
+        data = (store / "experts.bin").read_bytes()
+        blobs = list(m.blobs.values())[:6]
+        reqs = [ReadRequest(b, [memoryview(bytearray(b.size))], i) for i, b in enumerate(blobs)]
+        io.submit_many(reqs)
+        assert not io.urgent and all(r.state == DONE and r.event.is_set() for r in reqs)
+        assert readers == [threading.current_thread().name] * len(blobs)
+        assert all(bytes(r.views[0]) == data[b.offset:b.offset + b.size] for r, b in zip(reqs, blobs))
+        io.inline_below = 0  # larger blobs are queued: a worker may read them, the claimer helps
+        reqs = [ReadRequest(b, [memoryview(bytearray(b.size))], i) for i, b in enumerate(blobs)]
+        io.submit_many(reqs)
+        for r in reqs:
+            io.wait(r)
+        assert all(bytes(r.views[0]) == data[b.offset:b.offset + b.size] for r, b in zip(reqs, blobs))
+    finally:
+        io.close()
         reader.close()

@@ -19,7 +19,7 @@ PKG = ROOT / "workbench"
 # The bottom holds what every level may use: model plumbing, hook points, family facts, sizes,
 # settings, file writes, the shipped data's paths.
 LEVELS = [
-    ("plumbing", ["__init__", "model", "hooks", "randmodel", "fsutil", "checks", "families", "sizes", "config",
+    ("plumbing", ["__init__", "arrays", "model", "hooks", "randmodel", "fsutil", "checks", "families", "sizes", "config",
                   "data"]),
     ("store", ["store"]),
     ("io", ["io"]),

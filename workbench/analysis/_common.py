@@ -143,9 +143,9 @@ def to_numpy(x, start: int | None = None, stop: int | None = None) -> np.ndarray
     if isinstance(x, QuantizedTensor):
         return x.dequantize(start, stop)
     if type(x).__module__.startswith("mlx"):
-        import mlx.core as mx
+        from ..arrays import to_numpy as mlx_to_numpy
 
-        return np.array(x[start:stop].astype(mx.float32))
+        return mlx_to_numpy(x[start:stop])
     return np.asarray(x[start:stop], dtype=np.float32)
 
 

@@ -94,6 +94,8 @@ class Arena:
         self.key_of = [-1] * n_slots
         self.smap: dict[int, int] = {}
         self.mapped = np.zeros(self.lut.shape, dtype=bool)  # (layer, expert) has a slot: published or in flight
+        self._lut_of, self._mapped_of = self.lut.reshape(-1), self.mapped.reshape(-1)  # the same memory, by key
+        self._blobs = {}  # key -> its Blob
         self.published = [False] * n_slots
         self.n_published, self.n_routed = 0, len(manifest.moe_layers) * self.E
         self.pinned = [False] * n_slots
@@ -165,8 +167,8 @@ class Arena:
         ids from ``landed`` (or after ``flush``): staged reads land then."""
         c = self.counters.row(self.step, layer)
         base = layer * self.E
-        keys = [base + int(e) for e in experts]
-        slots = [self.smap.get(k) for k in keys]
+        keys = (np.asarray(experts, dtype=np.int64) + base).tolist()
+        slots = list(map(self.smap.get, keys))
         for s in slots:  # pin what is mapped before allocating any miss
             if s is not None:
                 self.pinned[s] = True
@@ -256,16 +258,15 @@ class Arena:
         self.flush()  # the decode thread read some of them itself
         for req in reqs:
             if req.state == DONE and self.spec.get(req.slot) is req:
-                key = self.key_of[req.slot]
-                self.lut[key // self.E, key % self.E] = req.slot
+                self._lut_of[self.key_of[req.slot]] = req.slot
                 self._exposed.append(req.slot)
                 self.version += 1
 
     def unexpose(self) -> None:
         for s in self._exposed:
             key = self.key_of[s]
-            if key >= 0 and not self.published[s] and self.lut[key // self.E, key % self.E] == s:
-                self.lut[key // self.E, key % self.E] = self.placeholder
+            if key >= 0 and not self.published[s] and self._lut_of[key] == s:
+                self._lut_of[key] = self.placeholder
                 self.version += 1
         self._exposed.clear()
 
@@ -367,8 +368,9 @@ class Arena:
             self.staging.flush()
 
     def _request(self, s, key, speculative=False) -> ReadRequest:
-        layer, expert = divmod(key, self.E)
-        blob = self.m.blob(layer, expert)
+        blob = self._blobs.get(key)
+        if blob is None:
+            blob = self._blobs[key] = self.m.blob(*divmod(key, self.E))
         if self.writes == "none":
             req = ReadRequest(blob, None, s, speculative=speculative)
         elif self.views is not None:
@@ -391,7 +393,7 @@ class Arena:
         key = self.key_of[s]
         self.published[s] = True
         self.n_published += 1
-        self.lut[key // self.E, key % self.E] = s
+        self._lut_of[key] = s
         self.version += 1
 
     def _drop(self, s):
@@ -399,10 +401,10 @@ class Arena:
         key = self.key_of[s]
         if key >= 0:
             del self.smap[key]
-            self.mapped[key // self.E, key % self.E] = False
+            self._mapped_of[key] = False
             self.policy.remove(key)
-            if self.lut[key // self.E, key % self.E] == s:
-                self.lut[key // self.E, key % self.E] = self.placeholder
+            if self._lut_of[key] == s:
+                self._lut_of[key] = self.placeholder
                 self.version += 1
         self.n_published -= self.published[s]
         self.key_of[s] = -1
@@ -423,7 +425,7 @@ class Arena:
     def _assign(self, s, key):
         self.key_of[s] = key
         self.smap[key] = s
-        self.mapped[key // self.E, key % self.E] = True
+        self._mapped_of[key] = True
         self.published[s] = False
 
     def _read(self, s, key, batch) -> ReadRequest:

@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arrays import to_numpy
 from ..arena.staging import cuda_available
 from ..arena.counters import Counters, summarize
 from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
@@ -59,13 +60,6 @@ def parse_device(device):
         raise ValueError("--device gpu: this MLX build has no GPU backend (Metal or CUDA); use --device cpu "
                          "or install MLX's GPU build (mlx on macOS, mlx-cuda on Linux)")
     return mx.gpu if name == "gpu" else mx.cpu
-
-
-def to_numpy(a, dtype=np.float32) -> np.ndarray:
-    """An MLX array (or one already brought to the host) as numpy."""
-    if isinstance(a, np.ndarray):
-        return a.astype(dtype, copy=False)
-    return np.array(a.astype(mx.float32)).astype(dtype, copy=False)
 
 
 def _finite_flag(logits) -> mx.array:

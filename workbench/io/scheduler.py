@@ -95,18 +95,23 @@ class IOScheduler:
         return req
 
     def submit_many(self, reqs) -> None:
-        """Queue urgent reads. The thread that will wait for them reads too (see ``help``): it
-        wakes one worker fewer than there are reads, and none for small blobs (below
-        ``inline_below`` bytes), where a thread hand-off costs more than the read itself."""
+        """Urgent reads that the calling thread will wait for. It reads too (see ``help``): it
+        queues them and wakes one worker fewer than there are reads; small blobs (below
+        ``inline_below`` bytes), where a thread hand-off costs more than the read itself, it reads
+        all at once here, unqueued, landing as ``help`` does."""
         if not reqs:
             return
         now = time.perf_counter_ns()
+        if reqs[0].blob.size < self.inline_below:
+            for req in reqs:
+                req.t_submit, req.state = now, RUNNING
+            self._run_all(reqs, defer=True)
+            return
         with self.cv:
             for req in reqs:
                 req.t_submit = now
                 (self.urgent if req.urgent else self.spec).append(req)
-            if reqs[0].blob.size >= self.inline_below:
-                self.cv.notify(len(reqs) - 1)
+            self.cv.notify(len(reqs) - 1)
 
     def promote(self, req: ReadRequest) -> None:
         """A queued speculative read becomes urgent (it is wanted now)."""
@@ -137,6 +142,8 @@ class IOScheduler:
         """The waiting thread reads ``req`` itself if no worker has started it yet: a demand miss
         then costs one read, not a read plus two thread hand-offs. A staged read then defers its
         landing in the slot to the waiting thread's compute (``Staging.landed``)."""
+        if req.state != QUEUED:  # taken already (a state never goes back to queued)
+            return
         with self.cv:
             if req.state != QUEUED or not req.urgent or req not in self.urgent:
                 return
@@ -145,19 +152,28 @@ class IOScheduler:
         self._run(req, defer=True)
 
     def _run(self, req: ReadRequest, defer: bool = False) -> None:
-        req.t_start = time.perf_counter_ns()
-        try:
-            probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
-            req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views, lambda: req.cancel_flag, probe)
-            state = CANCELLED if req.bytes_read < req.blob.size else DONE
-            if state == DONE and req.land is not None:
-                req.land(req, defer)
-        except BaseException as e:  # surfaces on the decode thread via wait()
-            req.error, state = e, FAILED
-        with self.cv:
-            req.state = state
+        self._run_all((req,), defer)
+
+    def _run_all(self, reqs, defer: bool = False) -> None:
+        """Read ``reqs`` (taken: RUNNING) one after another on this thread, then settle them."""
+        states = []
+        for req in reqs:
+            req.t_start = time.perf_counter_ns()
+            try:
+                probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
+                req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views, lambda: req.cancel_flag,
+                                                                          probe)
+                state = CANCELLED if req.bytes_read < req.blob.size else DONE
+                if state == DONE and req.land is not None:
+                    req.land(req, defer)
+            except BaseException as e:  # surfaces on the decode thread via wait()
+                req.error, state = e, FAILED
             req.t_done = time.perf_counter_ns()
-            req.event.set()
+            states.append(state)
+        with self.cv:
+            for req, state in zip(reqs, states):
+                req.state = state
+                req.event.set()
 
     def close(self):
         with self.cv:

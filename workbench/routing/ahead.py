@@ -14,6 +14,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from ..arrays import to_numpy
 from ..families import router_logits
 from .gates import make_gate
 from .rank import ahead_candidates, ahead_mode
@@ -70,7 +71,7 @@ class Planner:
             return
         t0 = time.perf_counter_ns()
         E = engine.m.n_experts
-        z = np.array(z.astype(mx.float32)).reshape(-1, E) if isinstance(z, mx.array) else z
+        z = to_numpy(z).reshape(-1, E) if isinstance(z, mx.array) else z
         self._read(engine, target, z, self.width)
         engine.counters.row(engine.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
 

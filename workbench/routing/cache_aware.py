@@ -11,6 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from ..arrays import to_numpy
 from ..families import FAMILIES, experts_of, gate_weights, selection_scores, shared_output
 from .rank import cache_aware_select
 
@@ -32,7 +33,7 @@ class CacheAwareRouter:
         fam, gate = engine.family, engine.gates[layer]
         logits = engine.routed_logits(layer, x)
         E, k = logits.shape[-1], engine.top_k
-        z = np.array(logits.astype(mx.float32)).reshape(-1, E)
+        z = to_numpy(logits).reshape(-1, E)
         scores = selection_scores(fam, gate, z)
         inds = cache_aware_select(scores, engine.arena.resident_mask(layer), k, self.p, self.b, self.r1)
         w = gate_weights(fam, block, z, inds)

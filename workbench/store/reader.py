@@ -14,12 +14,11 @@ import sys
 import threading
 import zlib
 
-import numpy as np
-
 from ..config import READ_MODES, VERIFY_MODES
 from .manifest import EXPERTS, Blob, StoreError
 
 PIECE_BYTES = 1 << 20
+NOWAIT_REFUSALS = 8
 
 
 def available_modes() -> list[str]:
@@ -57,6 +56,7 @@ class BlobReader:
         self.page_cache = PageCacheProbe(self.fd, os.fstat(self.fd).st_size)
         self.through_page_cache = mode in ("buffered", "dontneed")  # direct / nocache bypass it
         self._nowait = self.through_page_cache and _takes_nowait(self.fd)
+        self._refusals = 0  # RWF_NOWAIT reads refused in a row although mincore said cached
         self._local = threading.local()
         self.inject = None  # tests: fn(blob) that may sleep or raise, called before each piece
 
@@ -116,6 +116,8 @@ class BlobReader:
                 if nowait and cached:
                     cached, nowait = self._refused(blob), self._nowait
                 got = self._read_piece(blob.offset + done, piece, n)
+            elif nowait:  # honoured
+                self._refusals = 0
             if got != n:
                 raise StoreError(
                     f"short read of layer {blob.layer} expert {blob.expert}: got {done + got} of {blob.size} bytes "
@@ -128,11 +130,14 @@ class BlobReader:
         return done, cached
 
     def _refused(self, blob) -> bool | None:
-        """A read that would wait: mincore says whether the blob was cached all the same, and if it
-        was, this file system does not honour RWF_NOWAIT (mincore answers from now on)."""
+        """A read that would wait: mincore says whether the blob was cached all the same. A kernel
+        may refuse a cached page now and then (one locked, or marked for read-ahead); one that
+        refuses ``NOWAIT_REFUSALS`` cached reads in a row does not honour RWF_NOWAIT here, and
+        mincore answers from then on."""
         cached = self.page_cache.cached(blob.offset, blob.size)
         if cached:
-            self._nowait = False
+            self._refusals += 1
+            self._nowait = self._refusals < NOWAIT_REFUSALS
         return False if cached is None else cached
 
     def _try_cached(self, offset, piece, n) -> int:
@@ -203,6 +208,7 @@ class PageCacheProbe:
 
     def __init__(self, fd: int, size: int):
         self.addr = None
+        self._local = threading.local()  # each thread's own vector
         if not sys.platform.startswith("linux") or size == 0:
             return
         import ctypes
@@ -213,16 +219,21 @@ class PageCacheProbe:
             self.addr, self.size, self.libc = addr, size, libc
 
     def cached(self, offset: int, length: int) -> bool | None:
-        """Safe from several threads at once (each call has its own vector)."""
+        """Safe from several threads at once (each thread has its own vector)."""
         if self.addr is None or offset < 0 or length < 1 or offset + length > self.size:
             return None  # outside the mapping
         page = mmap.PAGESIZE
         start = offset - offset % page
         n = -(-(offset + length - start) // page)
-        bits = np.empty(n, dtype=np.uint8)
-        if self.libc.mincore(self.addr + start, n * page, bits.ctypes.data) != 0:
+        vec = getattr(self._local, "vec", None)
+        if vec is None or len(vec[0]) < n:
+            import ctypes
+
+            bits = (ctypes.c_ubyte * max(n, 1024))()
+            vec = self._local.vec = (memoryview(bits).cast("B"), ctypes.addressof(bits), bits)
+        if self.libc.mincore(self.addr + start, n * page, vec[1]) != 0:
             return None
-        return bool((bits & 1).all())
+        return not vec[0][:n].tobytes().translate(None, _RESIDENT)  # every page's low bit set
 
     def close(self):
         if self.addr is not None:
@@ -232,6 +243,7 @@ class PageCacheProbe:
             self.addr = None
 
 
+_RESIDENT = bytes(range(1, 256, 2))  # mincore's bytes of a resident page (its low bit)
 _LIBC = None
 
 

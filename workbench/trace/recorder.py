@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import __version__
-from ..engine.engine import to_numpy
+from ..arrays import to_numpy
 from .schema import IO_COLUMNS, write_trace
 
 
