@@ -351,3 +351,37 @@ def test_small_demand_misses_are_read_by_the_claiming_thread_unqueued(tiny):
     finally:
         io.close()
         reader.close()
+
+
+def test_workers_are_woken_for_every_read_they_can_take(tiny):
+    """One wake-up per read, to a worker that can take it: speculative reads wake only workers
+    that take them (never one reserved for urgent reads), urgent ones the reserved workers first.
+    No read is left queued while a worker that could take it sleeps (nobody helps here)."""
+    import threading
+
+    from workbench.io.scheduler import IOScheduler, ReadRequest
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import BlobReader
+
+    _, store = tiny("qwen3_moe", 4)
+    m = Manifest.load(store)
+    reader = BlobReader(store, m)
+    io = IOScheduler(reader, workers=3, reserved=1)
+    blobs = list(m.blobs.values())
+    spec_blobs, readers = {id(b) for b in blobs[:8]}, []
+    reader.inject = lambda blob: (readers.append((id(blob) in spec_blobs, threading.current_thread().name)),
+                                  time.sleep(0.002))
+    try:
+        for round_ in range(3):
+            spec = [io.submit(ReadRequest(b, [memoryview(bytearray(b.size))], i, speculative=True))
+                    for i, b in enumerate(blobs[:8])]
+            urgent = [io.submit(ReadRequest(b, [memoryview(bytearray(b.size))], i)) for i, b in enumerate(blobs[8:10])]
+            deadline = time.monotonic() + 10
+            while not all(r.event.is_set() for r in spec + urgent) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert all(r.event.is_set() and r.bytes_read == r.blob.size for r in spec + urgent)
+        assert ("wb-io-0" not in {name for spec, name in readers if spec}), readers  # reserved: urgent reads only
+        assert {name for _, name in readers} <= {"wb-io-0", "wb-io-1", "wb-io-2"} and len(readers) == 30
+    finally:
+        io.close()
+        reader.close()

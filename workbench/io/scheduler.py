@@ -74,7 +74,10 @@ class IOScheduler:
         self.reader = reader
         self.urgent: deque = deque()
         self.spec: deque = deque()
-        self.cv = threading.Condition()
+        lock = threading.Lock()
+        self.cv = threading.Condition(lock)  # the queues' lock; workers that take any read wait here
+        self._reserved_cv = threading.Condition(lock)  # workers reserved for urgent reads wait here
+        self._idle = {False: 0, True: 0}  # workers waiting on each (reserved: True), not yet woken
         self.inline_below = inline_below
         self._stop = False
         self.workers = workers
@@ -88,10 +91,7 @@ class IOScheduler:
         req.t_submit = time.perf_counter_ns()
         with self.cv:
             (self.urgent if req.urgent else self.spec).append(req)
-            if req.urgent:
-                self.cv.notify()
-            else:  # one notify could wake only a worker reserved for urgent reads, which goes back to sleep
-                self.cv.notify_all()
+            self._wake(1, req.urgent)
         return req
 
     def submit_many(self, reqs) -> None:
@@ -111,7 +111,7 @@ class IOScheduler:
             for req in reqs:
                 req.t_submit = now
                 (self.urgent if req.urgent else self.spec).append(req)
-            self.cv.notify(len(reqs) - 1)
+            self._wake(len(reqs) - 1, True)
 
     def promote(self, req: ReadRequest) -> None:
         """A queued speculative read becomes urgent (it is wanted now)."""
@@ -120,7 +120,7 @@ class IOScheduler:
             if req.state == QUEUED and req in self.spec:
                 self.spec.remove(req)
                 self.urgent.append(req)
-                self.cv.notify()
+                self._wake(1, True)
 
     def cancel(self, req: ReadRequest) -> None:
         with self.cv:
@@ -184,8 +184,21 @@ class IOScheduler:
                     req.event.set()
                 q.clear()
             self.cv.notify_all()
+            self._reserved_cv.notify_all()
         for t in self.threads:
             t.join(timeout=5)
+
+    def _wake(self, n, urgent):
+        """Wake up to ``n`` idle workers that can take a new read (the lock held): an urgent one goes
+        to the reserved workers first; a speculative one never wakes a worker that cannot take it."""
+        for reserved, cv in ((True, self._reserved_cv), (False, self.cv)):
+            if reserved and not urgent:
+                continue
+            k = min(n, self._idle[reserved])
+            if k:
+                self._idle[reserved] -= k  # counted off here: a second wake-up never picks the same worker
+                cv.notify(k)
+                n -= k
 
     def _take(self, urgent_only):
         while not self._stop:
@@ -193,7 +206,8 @@ class IOScheduler:
                 return self.urgent.popleft()
             if self.spec and not urgent_only:
                 return self.spec.popleft()
-            self.cv.wait()
+            self._idle[urgent_only] += 1
+            (self._reserved_cv if urgent_only else self.cv).wait()
         return None
 
     def _work(self, urgent_only):
