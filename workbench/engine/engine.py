@@ -22,9 +22,9 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
-from ..arrays import to_numpy
-from ..arena.staging import cuda_available
 from ..arena.counters import Counters, summarize
+from ..arena.staging import cuda_available
+from ..arrays import to_numpy
 from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
 from ..families import family_of, gate_weights, router_logits
 from ..hooks import Hooks
