@@ -3,7 +3,7 @@
 # ../shared/gpu/README.md for the lent H200). Logs go to $OUT (default ./gpu-out).
 #   bash scripts/gpu.sh tests   slot / determinism probe, then the engine tests with WORKBENCH_DEVICE=gpu
 #   bash scripts/gpu.sh bench   engine benchmarks (reference and mid-size model) with host profiles,
-#                               read path and cold streaming
+#                               read path, cold streaming and the arena's own cost per claim
 #   bash scripts/gpu.sh nan     the NaN probe (resident mlx-lm and the engine, repeated)
 #   bash scripts/gpu.sh kernels the GPU kernels per decode token, resident mlx-lm vs the engine (needs torch)
 set -uo pipefail
@@ -35,4 +35,6 @@ if [ "$what" = bench ]; then
   [ -z "${QUICK:-}" ] && timeout 60 python3 bench/bench_readpath.py --device gpu --slot-writes-only --reps 3 2>&1 \
     | tee "$OUT/readpath.txt"
   timeout 90 python3 bench/bench_cold.py --device gpu --mode direct --tokens 24 --reps 2 2>&1 | tee "$OUT/cold.txt"
+  timeout 60 python3 bench/bench_claims.py --device gpu --arenas 0.25 --writes staged,direct --reps 5 2>&1 \
+    | tee "$OUT/claims.txt"
 fi
