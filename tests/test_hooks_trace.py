@@ -382,6 +382,48 @@ def test_workers_are_woken_for_every_read_they_can_take(tiny):
             assert all(r.event.is_set() and r.bytes_read == r.blob.size for r in spec + urgent)
         assert ("wb-io-0" not in {name for spec, name in readers if spec}), readers  # reserved: urgent reads only
         assert {name for _, name in readers} <= {"wb-io-0", "wb-io-1", "wb-io-2"} and len(readers) == 30
+        reader.inject = lambda blob: time.sleep(0.1)
+        for trial in range(8):  # all idle; the urgent read may go to the worker woken for the speculative one
+            urgent = io.submit(ReadRequest(blobs[0], [memoryview(bytearray(blobs[0].size))], 0))
+            spec = io.submit(ReadRequest(blobs[1], [memoryview(bytearray(blobs[1].size))], 1, speculative=True))
+            for r in (urgent, spec):
+                r.event.wait()
+            assert spec.t_start < urgent.t_done, f"trial {trial}: a speculative read waited while a worker slept"
+    finally:
+        io.close()
+        reader.close()
+
+
+def test_an_interrupt_between_inline_reads_leaves_none_unsettled(tiny, monkeypatch):
+    """Ctrl-C while the claiming thread reads its misses itself: the reads it made are done, the
+    rest cancelled, every one settled (nothing is left for an error path to wait on forever)."""
+    import workbench.io.scheduler as sched
+    from workbench.io.scheduler import CANCELLED, DONE, IOScheduler, ReadRequest
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import BlobReader
+
+    _, store = tiny("qwen3_moe", 4)
+    m = Manifest.load(store)
+    reader = BlobReader(store, m)
+    io = IOScheduler(reader, workers=2, reserved=1)
+    try:
+        reqs = [ReadRequest(b, [memoryview(bytearray(b.size))], i) for i, b in enumerate(list(m.blobs.values())[:4])]
+        calls = {"n": 0}
+
+        class Clock:
+            @staticmethod
+            def perf_counter_ns():
+                calls["n"] += 1
+                if calls["n"] == 4:  # submit, first read's start and end, then the second read's start
+                    raise KeyboardInterrupt
+                return time.perf_counter_ns()
+
+        monkeypatch.setattr(sched, "time", Clock)
+        with pytest.raises(KeyboardInterrupt):
+            io.submit_many(reqs)
+        monkeypatch.undo()
+        assert all(r.event.is_set() for r in reqs)
+        assert [r.state for r in reqs] == [DONE, CANCELLED, CANCELLED, CANCELLED]
     finally:
         io.close()
         reader.close()

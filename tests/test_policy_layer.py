@@ -136,14 +136,14 @@ def test_residency_is_deterministic_under_random_io_delays(store, cfg):
         assert res.stats["residency_hash"] == base.stats["residency_hash"]
 
 
-def _slots_holding_wrong_bytes(eng) -> list:
-    """Published slots whose tensors differ from their blob in the store."""
+def _slots_holding_wrong_bytes(eng, keys=None) -> list:
+    """Published slots (or the slots of ``keys``) whose tensors differ from their blob in the store."""
     import mlx.core as mx
 
     data = (eng.root / "experts.bin").read_bytes()
     bad = []
     for key, s in sorted(eng.arena.smap.items()):
-        if eng.arena.published[s]:
+        if eng.arena.published[s] if keys is None else key in keys:
             b = eng.m.blob(*divmod(key, eng.m.n_experts))
             got = b"".join(np.array(eng.arena.tensors[t.name][s].view(mx.uint8)).tobytes() for t in eng.m.tensors)
             if got != data[b.offset:b.offset + b.size]:
@@ -401,3 +401,36 @@ def test_a_failed_open_leaves_no_thread_or_file(tiny, tmp_path):
             Engine(dst, arena="1.0", io=IOConfig(workers=8, verify="always"), progress=False)
     assert threading.active_count() == threads
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+@pytest.mark.parametrize("writes", ["direct", "staged"])
+def test_an_interrupt_among_a_claims_own_reads_keeps_the_reads_it_made(store, writes, monkeypatch):
+    """Ctrl-C while the decode thread reads a claim's misses itself (in ``submit_many``): the claim
+    ends with it, a read that completed keeps its slot (mapped, unpublished, its bytes in place),
+    the ones never read give theirs back, and the next run is exact."""
+    import workbench.io.scheduler as sched
+
+    ref, _ = resident_greedy(store[0], PROMPT, 6)
+    with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), progress=False) as eng:
+        arena, layer = eng.arena, eng.m.moe_layers[0]
+        wanted = [e for e in range(eng.m.n_experts) if not arena.is_mapped(layer, e)][:eng.top_k]
+        calls = {"n": 0}
+
+        class Clock:
+            @staticmethod
+            def perf_counter_ns():
+                calls["n"] += 1
+                if calls["n"] == 4:  # submit, the first read's start and end, then the second read's start
+                    raise KeyboardInterrupt
+                return time.perf_counter_ns()
+
+        monkeypatch.setattr(sched, "time", Clock)
+        with pytest.raises(KeyboardInterrupt):
+            arena.at_layer(layer, wanted)
+        monkeypatch.undo()
+        keys = [layer * arena.E + e for e in wanted]
+        assert keys[0] in arena.smap and not arena.published[arena.smap[keys[0]]]
+        assert not any(k in arena.smap for k in keys[1:])
+        _consistent(arena)
+        assert _slots_holding_wrong_bytes(eng) == [] and _slots_holding_wrong_bytes(eng, keys[:1]) == []
+        assert eng.generate(PROMPT, max_tokens=6).tokens == ref

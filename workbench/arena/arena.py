@@ -493,8 +493,9 @@ class Arena:
         the rest; unmap every slot this call assigned whose read did not complete. Reads that did
         complete (claimed speculative ones too) stay mapped, unpublished, with their data in the slot."""
         for req in unsubmitted:
-            req.state = CANCELLED
-            req.event.set()
+            if not req.event.is_set():  # read already (the claiming thread reads small ones in submit_many)
+                req.state = CANCELLED
+                req.event.set()
         for req in reqs:
             req.event.wait()
             if req.state in (FAILED, CANCELLED) and self.key_of[req.slot] >= 0:

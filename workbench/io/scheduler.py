@@ -104,7 +104,7 @@ class IOScheduler:
         now = time.perf_counter_ns()
         if reqs[0].blob.size < self.inline_below:
             for req in reqs:
-                req.t_submit, req.state = now, RUNNING
+                req.t_submit = now
             self._run_all(reqs, defer=True)
             return
         with self.cv:
@@ -144,36 +144,49 @@ class IOScheduler:
         landing in the slot to the waiting thread's compute (``Staging.landed``)."""
         if req.state != QUEUED:  # taken already (a state never goes back to queued)
             return
-        with self.cv:
-            if req.state != QUEUED or not req.urgent or req not in self.urgent:
-                return
-            self.urgent.remove(req)
-            req.state = RUNNING
-        self._run(req, defer=True)
+        taken = False
+        try:
+            with self.cv:
+                if req.state != QUEUED or not req.urgent or req not in self.urgent:
+                    return
+                taken = True
+                self.urgent.remove(req)
+                req.state = RUNNING
+            self._run(req, defer=True)
+        finally:
+            if taken and not req.event.is_set():  # interrupted before the read began: it never will
+                with self.cv:
+                    if req in self.urgent:
+                        self.urgent.remove(req)
+                    req.state = CANCELLED
+                    req.event.set()
 
     def _run(self, req: ReadRequest, defer: bool = False) -> None:
         self._run_all((req,), defer)
 
     def _run_all(self, reqs, defer: bool = False) -> None:
-        """Read ``reqs`` (taken: RUNNING) one after another on this thread, then settle them."""
+        """Read ``reqs`` (taken from the queues, or never queued) one after another on this thread,
+        then settle them: every one ends done, cancelled or failed, even if this thread is interrupted."""
         states = []
-        for req in reqs:
-            req.t_start = time.perf_counter_ns()
-            try:
-                probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
-                req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views, lambda: req.cancel_flag,
-                                                                          probe)
-                state = CANCELLED if req.bytes_read < req.blob.size else DONE
-                if state == DONE and req.land is not None:
-                    req.land(req, defer)
-            except BaseException as e:  # surfaces on the decode thread via wait()
-                req.error, state = e, FAILED
-            req.t_done = time.perf_counter_ns()
-            states.append(state)
-        with self.cv:
-            for req, state in zip(reqs, states):
-                req.state = state
-                req.event.set()
+        try:
+            for req in reqs:
+                req.state, req.t_start = RUNNING, time.perf_counter_ns()
+                try:
+                    probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
+                    req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views,
+                                                                              lambda: req.cancel_flag, probe)
+                    state = CANCELLED if req.bytes_read < req.blob.size else DONE
+                    if state == DONE and req.land is not None:
+                        req.land(req, defer)
+                except BaseException as e:  # surfaces on the decode thread via wait()
+                    req.error, state = e, FAILED
+                req.t_done = time.perf_counter_ns()
+                states.append(state)
+        finally:
+            with self.cv:
+                for i, req in enumerate(reqs):
+                    req.state = states[i] if i < len(states) else CANCELLED  # never read
+                    req.event.set()
 
     def close(self):
         with self.cv:
@@ -206,6 +219,8 @@ class IOScheduler:
                 return self.urgent.popleft()
             if self.spec and not urgent_only:
                 return self.spec.popleft()
+            if urgent_only and self.spec:  # woken for an urgent read another worker took: pass it on
+                self._wake(len(self.spec), False)
             self._idle[urgent_only] += 1
             (self._reserved_cv if urgent_only else self.cv).wait()
         return None

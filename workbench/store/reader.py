@@ -114,7 +114,7 @@ class BlobReader:
             got = self._try_cached(blob.offset + done, piece, n) if nowait and cached else 0
             if got != n:
                 if nowait and cached:
-                    cached, nowait = self._refused(blob), self._nowait
+                    cached, nowait = self._refused(blob), False  # mincore answered for this whole read
                 got = self._read_piece(blob.offset + done, piece, n)
             elif nowait:  # honoured
                 self._refusals = 0
