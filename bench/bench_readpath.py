@@ -40,7 +40,6 @@ def slot_writes(store, n=64, reps=3, per_claim=1):
     import time
 
     import mlx.core as mx
-    import numpy as np
 
     from workbench.arena.arena import Arena
     from workbench.arena.counters import Counters
@@ -75,7 +74,7 @@ def slot_writes(store, n=64, reps=3, per_claim=1):
                 for i in range(n):
                     wanted = sorted({(i * k + j) % m.n_experts for j in range(k)})
                     table = arena.at_layer(layer, wanted)
-                    idx = arena.landed(mx.array(table[wanted].astype(np.uint32)))
+                    idx = arena.landed(table[wanted])
                     mx.eval(mx.sum(mx.take(arena.tensors[name], idx, axis=0).astype(mx.float32)))
                     arena.release()
                 if rep:  # the first pass warms the page cache and the kernels

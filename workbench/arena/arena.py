@@ -357,10 +357,10 @@ class Arena:
         row, req.buffer = req.buffer, None
         self.staging.land(row, req.slot, defer)
 
-    def landed(self, idx: mx.array) -> mx.array:
-        """Slot ids ``idx`` to compute with after a claim: staged reads that the decode thread made
-        itself land in their slots before that compute (``Staging.landed``)."""
-        return idx if self.staging is None else self.staging.landed(idx)
+    def landed(self, ids: np.ndarray) -> mx.array:
+        """Slot ids ``ids`` (numpy) as the device array to compute with after a claim: staged reads
+        that the decode thread made itself land in their slots before that compute (``Staging.landed``)."""
+        return mx.array(ids.astype(np.uint32)) if self.staging is None else self.staging.landed(ids)
 
     def flush(self) -> None:
         """Staged reads that this thread made itself are in their slots now (a host wait)."""

@@ -102,14 +102,15 @@ class Staging:
         if not defer:
             self.flush()
 
-    def landed(self, idx: mx.array) -> mx.array:
-        """``idx`` (uint32 slot ids), computed only once this thread's deferred rows are in their
-        slots: compute on the slots with the returned ids."""
+    def landed(self, ids: np.ndarray) -> mx.array:
+        """Slot ids ``ids`` (numpy) as a uint32 device array computed only once this thread's
+        deferred rows are in their slots: compute on the slots with it. On CUDA the ids travel in
+        the landing kernel's table (one upload per claim) and are its output."""
         pending = self._pending()
         if not pending or pending[0][1] is None:
             self.flush()
-            return idx
-        out = self._launch(pending, idx)
+            return mx.array(ids.astype(np.uint32))
+        out = self._launch(pending, ids)
         self._inflight.append((out, [row for row, _ in pending]))
         pending.clear()
         return out
@@ -121,7 +122,7 @@ class Staging:
             return
         try:
             if pending[0][1] is not None:
-                mx.eval(self._launch(pending, mx.zeros((1,), dtype=mx.uint32)))
+                mx.eval(self._launch(pending, np.zeros(1, dtype=np.uint32)))
             elif self.device_copy:
                 rc = self._cuda.cudaStreamSynchronize(self._stream())
                 if rc != 0:
@@ -145,19 +146,22 @@ class Staging:
             pending = self._local.pending = []
         return pending
 
-    def _launch(self, pending, idx):
-        """The landing kernel for ``pending`` [(row, slot)]: its output is ``idx``."""
+    def _launch(self, pending, ids):
+        """The landing kernel for ``pending`` [(row, slot)]: its output is ``ids`` (numpy slot ids),
+        which travel at the end of its table."""
         src_off, tensor, dst_off, nbytes = self._plan
         rows = np.array([row.device for row, _ in pending], dtype=np.uint64)[:, None]
         slots = np.array([slot for _, slot in pending], dtype=np.uint64)[:, None]
-        table = np.empty((1 + rows.size * src_off.size, 3), dtype=np.uint64)
-        table[0] = (idx.size, 0, 0)
-        table[1:, 0] = (rows + src_off).reshape(-1)
-        table[1:, 1] = (self._base[tensor] + slots * self._size[tensor] + dst_off).reshape(-1)
-        table[1:, 2] = np.broadcast_to(nbytes, (rows.size, nbytes.size)).reshape(-1)
-        n = table.shape[0] - 1
-        return _landing_kernel()(inputs=[mx.array(table), idx], grid=(n * _THREADS, 1, 1), threadgroup=(_THREADS, 1, 1),
-                                 output_shapes=[idx.shape], output_dtypes=[mx.uint32])[0]
+        n = rows.size * src_off.size
+        table = np.empty(3 * (1 + n) + ids.size, dtype=np.uint64)
+        copies = table[3:3 * (1 + n)].reshape(n, 3)
+        table[:3] = (ids.size, n, 0)
+        copies[:, 0] = (rows + src_off).reshape(-1)
+        copies[:, 1] = (self._base[tensor] + slots * self._size[tensor] + dst_off).reshape(-1)
+        copies[:, 2] = np.broadcast_to(nbytes, (rows.size, nbytes.size)).reshape(-1)
+        table[3 * (1 + n):] = ids.reshape(-1)
+        return _landing_kernel()(inputs=[mx.array(table)], grid=(n * _THREADS, 1, 1), threadgroup=(_THREADS, 1, 1),
+                                 output_shapes=[ids.shape], output_dtypes=[mx.uint32])[0]
 
     def _kernel_works(self, tensors) -> bool:
         """Whether the landing kernel copies a row into slot 0 exactly here (it is free: the slots
@@ -168,8 +172,11 @@ class Staging:
             row = self.take()
             for i, view in enumerate(row.views):
                 np.frombuffer(view, dtype=np.uint8)[:] = (np.arange(len(view)) + i) % 251
-            mx.eval(self._launch([(row, 0)], mx.zeros((1,), dtype=mx.uint32)))
+            ids = np.array([[3, 1, 4]], dtype=np.uint32)
+            out = self._launch([(row, 0)], ids)
+            mx.eval(out)
             ok = all(np.array(t[0].view(mx.uint8)).tobytes() == bytes(v) for t, v in zip(tensors, row.views))
+            ok = ok and np.array_equal(np.array(out), ids)
             self.give(row)
             return ok
         except Exception:
@@ -244,17 +251,18 @@ _LANDING_SOURCE = """
         for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
     }
     if (c == 0) {
-        for (unsigned long long i = threadIdx.x; i < t[0]; i += blockDim.x) out[i] = idx[i];
+        const unsigned long long* ids = t + 3 * (t[1] + 1);
+        for (unsigned long long i = threadIdx.x; i < t[0]; i += blockDim.x) out[i] = (unsigned int)ids[i];
     }
 """
 
 
 @functools.lru_cache(maxsize=1)
 def _landing_kernel():
-    """Copies (source, destination, bytes) rows of a uint64 table (after a header row whose first
-    value is the size of ``idx``), one block each, from pinned host memory into slot memory; its
-    output is ``idx``, so whatever computes with it runs after every copy."""
-    return mx.fast.cuda_kernel(name="workbench_land_rows", input_names=["copies", "idx"], output_names=["out"],
+    """Copies (source, destination, bytes) rows of a uint64 table, one block each, from pinned host
+    memory into slot memory. The table: a header (the number of ids, the number of copies, 0), the
+    copies, then the ids; the output is the ids, so whatever computes with them runs after every copy."""
+    return mx.fast.cuda_kernel(name="workbench_land_rows", input_names=["copies"], output_names=["out"],
                                source=_LANDING_SOURCE, header="struct alignas(16) Words16 { unsigned long long a, b; };")
 
 

@@ -665,7 +665,7 @@ class Engine(SpeculativeMixin):
             t0 = time.perf_counter_ns()
             mask = None if len(waves) == 1 else np.isin(ids, wave)  # waves: other waves' ids take a slot of this one
             slots = table[ids] if mask is None else np.where(mask, table[ids], table[wave[0]])
-            part = inner(x, self.arena.landed(mx.array(slots.astype(np.uint32))))
+            part = inner(x, self.arena.landed(slots))
             if mask is not None:
                 part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
             y = part if y is None else y + part
