@@ -48,3 +48,23 @@ def assert_clean_error(r, *needles):
     assert "Traceback" not in err and lines and len(progress) == len(lines) - 1, err
     for n in needles:
         assert n in lines[-1], err
+
+
+def interrupt_reads_at(monkeypatch, call: int) -> None:
+    """Ctrl-C inside the I/O scheduler: its ``call``-th ``time.perf_counter_ns`` raises KeyboardInterrupt
+    (``submit_many`` takes one, then each read one at its start and one at its end)."""
+    import time
+
+    import workbench.io.scheduler as sched
+
+    calls = {"n": 0}
+
+    class Clock:
+        @staticmethod
+        def perf_counter_ns():
+            calls["n"] += 1
+            if calls["n"] == call:
+                raise KeyboardInterrupt
+            return time.perf_counter_ns()
+
+    monkeypatch.setattr(sched, "time", Clock)

@@ -397,7 +397,7 @@ def test_workers_are_woken_for_every_read_they_can_take(tiny):
 def test_an_interrupt_between_inline_reads_leaves_none_unsettled(tiny, monkeypatch):
     """Ctrl-C while the claiming thread reads its misses itself: the reads it made are done, the
     rest cancelled, every one settled (nothing is left for an error path to wait on forever)."""
-    import workbench.io.scheduler as sched
+    from tests.hostile_util import interrupt_reads_at
     from workbench.io.scheduler import CANCELLED, DONE, IOScheduler, ReadRequest
     from workbench.store.manifest import Manifest
     from workbench.store.reader import BlobReader
@@ -408,17 +408,7 @@ def test_an_interrupt_between_inline_reads_leaves_none_unsettled(tiny, monkeypat
     io = IOScheduler(reader, workers=2, reserved=1)
     try:
         reqs = [ReadRequest(b, [memoryview(bytearray(b.size))], i) for i, b in enumerate(list(m.blobs.values())[:4])]
-        calls = {"n": 0}
-
-        class Clock:
-            @staticmethod
-            def perf_counter_ns():
-                calls["n"] += 1
-                if calls["n"] == 4:  # submit, first read's start and end, then the second read's start
-                    raise KeyboardInterrupt
-                return time.perf_counter_ns()
-
-        monkeypatch.setattr(sched, "time", Clock)
+        interrupt_reads_at(monkeypatch, 4)  # at the second read's start
         with pytest.raises(KeyboardInterrupt):
             io.submit_many(reqs)
         monkeypatch.undo()

@@ -408,23 +408,13 @@ def test_an_interrupt_among_a_claims_own_reads_keeps_the_reads_it_made(store, wr
     """Ctrl-C while the decode thread reads a claim's misses itself (in ``submit_many``): the claim
     ends with it, a read that completed keeps its slot (mapped, unpublished, its bytes in place),
     the ones never read give theirs back, and the next run is exact."""
-    import workbench.io.scheduler as sched
+    from tests.hostile_util import interrupt_reads_at
 
     ref, _ = resident_greedy(store[0], PROMPT, 6)
     with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), progress=False) as eng:
         arena, layer = eng.arena, eng.m.moe_layers[0]
         wanted = [e for e in range(eng.m.n_experts) if not arena.is_mapped(layer, e)][:eng.top_k]
-        calls = {"n": 0}
-
-        class Clock:
-            @staticmethod
-            def perf_counter_ns():
-                calls["n"] += 1
-                if calls["n"] == 4:  # submit, the first read's start and end, then the second read's start
-                    raise KeyboardInterrupt
-                return time.perf_counter_ns()
-
-        monkeypatch.setattr(sched, "time", Clock)
+        interrupt_reads_at(monkeypatch, 4)  # at the second read's start
         with pytest.raises(KeyboardInterrupt):
             arena.at_layer(layer, wanted)
         monkeypatch.undo()

@@ -65,7 +65,7 @@ class Staging:
             self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
             self._dsts = {}  # slot -> its tensors' addresses, as a batch copy takes them
             self.batched = _batch_copy(self._cuda) is not None  # False: one copy per tensor
-            self._plan = _chunks(self.sizes, self.offsets)
+            self._plan = _chunks(self.sizes, self.offsets, self.bases)
             self.kernel = self._kernel_works(tensors)
         else:
             self.slot_views = raw
@@ -149,16 +149,16 @@ class Staging:
     def _launch(self, pending, ids):
         """The landing kernel for ``pending`` [(row, slot)]: its output is ``ids`` (numpy slot ids),
         which travel at the end of its table."""
-        src_off, tensor, dst_off, nbytes = self._plan
+        src_off, dst0, stride, nbytes = self._plan
         rows = np.array([row.device for row, _ in pending], dtype=np.uint64)[:, None]
         slots = np.array([slot for _, slot in pending], dtype=np.uint64)[:, None]
         n = rows.size * src_off.size
         table = np.empty(3 * (1 + n) + ids.size, dtype=np.uint64)
-        copies = table[3:3 * (1 + n)].reshape(n, 3)
         table[:3] = (ids.size, n, 0)
-        copies[:, 0] = (rows + src_off).reshape(-1)
-        copies[:, 1] = (self._base[tensor] + slots * self._size[tensor] + dst_off).reshape(-1)
-        copies[:, 2] = np.broadcast_to(nbytes, (rows.size, nbytes.size)).reshape(-1)
+        copies = table[3:3 * (1 + n)].reshape(rows.size, src_off.size, 3)  # row by row, a row's chunks in turn
+        copies[..., 0] = rows + src_off
+        copies[..., 1] = dst0 + slots * stride
+        copies[..., 2] = nbytes
         table[3 * (1 + n):] = ids.reshape(-1)
         return _landing_kernel()(inputs=[mx.array(table)], grid=(n * _THREADS, 1, 1), threadgroup=(_THREADS, 1, 1),
                                  output_shapes=[ids.shape], output_dtypes=[mx.uint32])[0]
@@ -166,8 +166,6 @@ class Staging:
     def _kernel_works(self, tensors) -> bool:
         """Whether the landing kernel copies a row into slot 0 exactly here (it is free: the slots
         are new). False where MLX cannot build it; then every read lands by DMA."""
-        self._base = np.array(self.bases, dtype=np.uint64)
-        self._size = np.array(self.sizes, dtype=np.uint64)
         try:
             row = self.take()
             for i, view in enumerate(row.views):
@@ -228,13 +226,13 @@ _CHUNK = 32 * 1024  # bytes per block of the landing kernel
 _THREADS = 256
 
 
-def _chunks(sizes, offsets):
-    """The landing kernel's copies of one row, as arrays: (offset in the row, tensor, offset in the
-    tensor's slot, bytes), at most ``_CHUNK`` bytes each."""
-    plan = [(int(o) + c, t, c, min(_CHUNK, n - c)) for t, (o, n) in enumerate(zip(offsets, sizes))
+def _chunks(sizes, offsets, bases):
+    """The landing kernel's copies of one row, as uint64 arrays of at most ``_CHUNK`` bytes each: the
+    offset in the row, the destination in slot 0 (a slot ``s`` is ``stride * s`` further), the
+    stride (its tensor's bytes per slot), the bytes."""
+    plan = [(int(o) + c, base + c, n, min(_CHUNK, n - c)) for o, n, base in zip(offsets, sizes, bases)
             for c in range(0, n, _CHUNK)]
-    src, tensor, dst, nbytes = (np.array(col, dtype=np.uint64) for col in zip(*plan))
-    return src, tensor.astype(np.int64), dst, nbytes
+    return tuple(np.array(col, dtype=np.uint64) for col in zip(*plan))
 
 
 _LANDING_SOURCE = """

@@ -152,7 +152,7 @@ class IOScheduler:
                 taken = True
                 self.urgent.remove(req)
                 req.state = RUNNING
-            self._run(req, defer=True)
+            self._run_all((req,), defer=True)
         finally:
             if taken and not req.event.is_set():  # interrupted before the read began: it never will
                 with self.cv:
@@ -160,9 +160,6 @@ class IOScheduler:
                         self.urgent.remove(req)
                     req.state = CANCELLED
                     req.event.set()
-
-    def _run(self, req: ReadRequest, defer: bool = False) -> None:
-        self._run_all((req,), defer)
 
     def _run_all(self, reqs, defer: bool = False) -> None:
         """Read ``reqs`` (taken from the queues, or never queued) one after another on this thread,
@@ -232,4 +229,4 @@ class IOScheduler:
                 if req is None:
                     return
                 req.state = RUNNING
-            self._run(req)
+            self._run_all((req,))
