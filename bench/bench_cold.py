@@ -1,6 +1,6 @@
 """Streaming decode with a 25% arena and cold reads, against its floor.
 
-    python bench/bench_cold.py [--tokens 32]
+    python bench/bench_cold.py [--tokens 32] [--mode dontneed|direct] [--writes direct|staged] [--device cpu|gpu]
 
 floor per token = bytes read per token / cold sequential bandwidth (measured in this run, same
 read mode) + compute per token (the same engine with every expert resident, measured in this
@@ -12,7 +12,7 @@ import os
 import platform
 import statistics
 
-from workbench.config import IOConfig
+from workbench.config import ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
 from workbench.fsutil import cache_dir
 from workbench.io.readpath import drop_cache, sequential_gbps
@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--mode", default="dontneed")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--writes", default=None, help="slot writes: direct or staged (default: the backend's)")
     a = ap.parse_args()
     if a.device:
         import mlx.core as mx
@@ -55,7 +56,8 @@ def main():
     rows = []
     for rep in range(a.reps):
         seq = sequential_gbps(path, a.mode, cold=True)
-        with Engine(store, arena="0.25", io=IOConfig(workers=8, mode=a.mode, verify="never"), progress=False) as eng:
+        with Engine(store, arena=ArenaConfig("0.25", writes=a.writes), io=IOConfig(workers=8, mode=a.mode, verify="never"),
+                    progress=False) as eng:
             drop_cache(path)
             res = eng.generate(prompt, max_tokens=a.tokens)
         per_tok = statistics.median(res.step_times[1:])
@@ -63,10 +65,13 @@ def main():
         floor = bpt / (seq * 1e9) + compute
         rows.append((per_tok, floor, seq, bpt, res.stats))
     per_tok, floor, seq, bpt, st = sorted(rows, key=lambda r: r[0] / r[1])[len(rows) // 2]
-    print(f"store {store} | {platform.machine()} {platform.system()} | mode {a.mode}")
+    print(f"store {store} | {platform.machine()} {platform.system()} | mode {a.mode} | slot writes {st['slot_writes']}")
     print(f"cold sequential {seq:.3f} GB/s | {bpt / 1e6:.2f} MB read per token | compute {compute * 1e3:.2f} ms/token")
     print(f"measured {per_tok * 1e3:.2f} ms/token vs floor {floor * 1e3:.2f} ms/token: ratio {per_tok / floor:.3f} "
           f"(hit rate {st['hit_rate']:.1%}, distinct tokens {st['distinct_tokens']}/{st['tokens']})")
+    wait = st["io_wait_s"] / st["tokens"]  # the decode thread's wait for its claims' reads
+    print(f"waiting for reads {wait * 1e3:.2f} ms/token: {bpt / wait / 1e9 if wait else float('nan'):.3f} GB/s "
+          f"while waited for, {wait / per_tok:.0%} of the token")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import TOL, resident_greedy
-from workbench.config import IOConfig
+from workbench.config import ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "qwen2_moe", "olmoe", "gpt_oss", "glm4_moe"]
@@ -55,14 +55,20 @@ def test_model_dir_is_packed_on_first_use(tiny, tmp_path, monkeypatch):
     assert list((tmp_path / "stores").iterdir()) == stores
 
 
-def test_read_modes_agree(tiny):
+@pytest.mark.parametrize("bits", [4, None])  # float32: a blob's tensors are whole pages (O_DIRECT reads into rows)
+def test_read_modes_agree(tiny, bits):
+    from workbench.arena.arena import WRITE_MODES
     from workbench.store.reader import available_modes
 
-    _, store = tiny("qwen3_moe", 4)
+    _, store = tiny("qwen3_moe", bits)
     outs = {}
     for mode in available_modes():
-        with Engine(store, arena="0.25", io=IOConfig(mode=mode, verify="always"), progress=False) as eng:
-            outs[mode] = eng.generate(PROMPT, max_tokens=6).tokens
+        for writes in set(WRITE_MODES) - {"none"}:
+            with Engine(store, arena=ArenaConfig("0.25", writes=writes), io=IOConfig(mode=mode, verify="always"),
+                        progress=False) as eng:
+                outs[mode, writes] = eng.generate(PROMPT, max_tokens=6).tokens
+                if (bits, mode, writes) == (None, "direct", "staged"):  # page-aligned rows: no bounce copy
+                    assert not hasattr(eng.reader._local, "buf")  # (the decode thread made every read)
     assert len(set(map(tuple, outs.values()))) == 1, outs
 
 

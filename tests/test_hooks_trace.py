@@ -417,3 +417,40 @@ def test_an_interrupt_between_inline_reads_leaves_none_unsettled(tiny, monkeypat
     finally:
         io.close()
         reader.close()
+
+
+def test_direct_reads_land_straight_in_page_aligned_buffers(tiny):
+    """O_DIRECT reads go straight into buffers that start and end on a page (pinned staging rows,
+    Metal's slots) with no bounce copy, and through the bounce buffer otherwise; same bytes."""
+    import mmap
+
+    from workbench.store.manifest import Manifest
+    from workbench.store.reader import DIRECT_ALIGN, BlobReader, available_modes
+
+    if "direct" not in available_modes():
+        pytest.skip("no O_DIRECT here")
+    _, store = tiny("qwen3_moe")  # float32: every tensor of a blob is a whole number of pages
+    m = Manifest.load(store)
+    assert all(t.nbytes % DIRECT_ALIGN == 0 for t in m.tensors)
+    try:
+        direct = BlobReader(store, m, mode="direct", verify="always")
+    except OSError:
+        pytest.skip("this file system takes no O_DIRECT reads")
+    plain = BlobReader(store, m, verify="always")
+    try:
+        for shift in (0, 64):  # page-aligned views, then views 64 bytes off a page
+            memory = mmap.mmap(-1, m.expert_bytes + DIRECT_ALIGN)
+            raw = memoryview(memory)[shift:]
+            views, pos = [], 0
+            for t in m.tensors:
+                views.append(raw[pos:pos + t.nbytes])
+                pos += t.nbytes
+            assert all(aligned == (shift == 0) for _, _, aligned in direct.pieces(views))
+            want = [memoryview(bytearray(t.nbytes)) for t in m.tensors]
+            for blob in [m.blob(layer, e) for layer in m.moe_layers for e in (0, m.n_experts - 1)]:
+                assert direct.read(blob, views) == plain.read(blob, want) == blob.size  # both checksummed
+                assert b"".join(bytes(v) for v in views) == b"".join(want)
+            assert hasattr(direct._local, "buf") == (shift != 0)  # the bounce buffer, only when misaligned
+    finally:
+        direct.close()
+        plain.close()

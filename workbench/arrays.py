@@ -1,4 +1,5 @@
-"""MLX arrays as numpy: the one conversion the engine, routing, traces and analyses share."""
+"""MLX arrays as numpy, and buffers' addresses: conversions the engine, I/O, routing, traces and
+analyses share."""
 
 from __future__ import annotations
 
@@ -12,3 +13,8 @@ def to_numpy(a, dtype=np.float32) -> np.ndarray:
     if isinstance(a, np.ndarray):
         return a.astype(dtype, copy=False)
     return np.array(a.astype(mx.float32)).astype(dtype, copy=False)
+
+
+def address(buffer) -> int:
+    """The address of a buffer's first byte (a memoryview, mmap, MLX array...)."""
+    return np.frombuffer(buffer, dtype=np.uint8).ctypes.data

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import mmap
 import os
 import threading
 import weakref
@@ -27,6 +28,8 @@ from collections import deque
 
 import mlx.core as mx
 import numpy as np
+
+from ..arrays import address
 
 
 class Row:
@@ -58,10 +61,10 @@ class Staging:
         self._inflight: deque = deque()  # (landing kernel's output, its rows) that it may still read
         self._local = threading.local()
         self._cuda = _cudart() if cuda_available() and mx.default_device() != mx.cpu else None
-        self.device_copy = self._cuda is not None and all(_on_gpu(self._cuda, _address(r), r.nbytes) for r in raw)
+        self.device_copy = self._cuda is not None and all(_on_gpu(self._cuda, address(r), r.nbytes) for r in raw)
         self.kernel = False  # the decode thread's rows land through the landing kernel
         if self.device_copy:
-            self.bases = [_address(r) for r in raw]
+            self.bases = [address(r) for r in raw]
             self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
             self._dsts = {}  # slot -> its tensors' addresses, as a batch copy takes them
             self.batched = _batch_copy(self._cuda) is not None  # False: one copy per tensor
@@ -209,9 +212,9 @@ class Staging:
 
     def _grow(self):
         n, row_bytes = self.rows_per_chunk, int(self.offsets[-1])
-        chunk = _Pinned(self._cuda, n * row_bytes) if self.device_copy else bytearray(n * row_bytes)
+        chunk = _Pinned(self._cuda, n * row_bytes) if self.device_copy else mmap.mmap(-1, n * row_bytes)  # page-aligned
         raw = memoryview(chunk.buffer if self.device_copy else chunk).cast("B")
-        base = _address(raw)
+        base = address(raw)
         device = chunk.device if self.device_copy else 0
         for i in range(n):
             off = i * row_bytes
@@ -276,10 +279,6 @@ class _Pinned:
         ok = lib.cudaHostGetDevicePointer(ctypes.byref(device), ptr, 0) == 0 and device.value
         self.device = device.value if ok else ptr.value
         weakref.finalize(self, lib.cudaFreeHost, ptr).atexit = False  # at exit the process frees it (CUDA may be gone)
-
-
-def _address(view) -> int:
-    return np.frombuffer(view, dtype=np.uint8).ctypes.data
 
 
 def cuda_available() -> bool:

@@ -2,7 +2,8 @@
 
 buffered   os.preadv through the page cache
 dontneed   buffered, then POSIX_FADV_DONTNEED on the blob (cold reads on Linux)
-direct     O_DIRECT into an aligned bounce buffer, then copied into the slot (Linux)
+direct     O_DIRECT (Linux): straight into the slot where its buffers are page-aligned, else into
+           an aligned bounce buffer and copied from there
 nocache    F_NOCACHE on the descriptor (macOS)
 """
 
@@ -14,10 +15,12 @@ import sys
 import threading
 import zlib
 
+from ..arrays import address
 from ..config import READ_MODES, VERIFY_MODES
 from .manifest import EXPERTS, Blob, StoreError
 
 PIECE_BYTES = 1 << 20
+DIRECT_ALIGN = 4096  # O_DIRECT: file offsets, buffer addresses and lengths in pages
 NOWAIT_REFUSALS = 8
 
 
@@ -43,7 +46,7 @@ class BlobReader:
         if verify not in VERIFY_MODES:
             raise ValueError(f"unknown verify {verify!r}; valid: {', '.join(VERIFY_MODES)}")
         self.manifest, self.mode, self.verify = manifest, mode, verify
-        self.piece_bytes = max(4096, piece_bytes // 4096 * 4096)
+        self.piece_bytes = max(DIRECT_ALIGN, piece_bytes // DIRECT_ALIGN * DIRECT_ALIGN)
         self.path = os.path.join(root, EXPERTS)
         self.fd = os.open(self.path, os.O_RDONLY)
         self.dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECT) if mode == "direct" else None
@@ -68,13 +71,14 @@ class BlobReader:
         self.fd = self.dfd = None
 
     def pieces(self, views):
-        """Split the slot's buffers into pieces of at most piece_bytes (cancellable units).
-        A slot's buffers never change, so the split is computed once per slot."""
+        """Split the slot's buffers into pieces of at most piece_bytes (cancellable units), each
+        as (buffers, bytes, aligned: every buffer starts and ends on a page, so O_DIRECT can read
+        into them). A slot's buffers never change, so the split is computed once per slot."""
         key = id(views)
         hit = self._pieces.get(key)
         if hit is not None and hit[0] is views:
             return hit[1]
-        out = self._split(views)
+        out = [(piece, n, all(_page_aligned(p) for p in piece)) for piece, n in self._split(views)]
         self._pieces[key] = (views, out)
         return out
 
@@ -106,7 +110,7 @@ class BlobReader:
         nowait = probe and self._nowait
         cached = (True if nowait else self.page_cache.cached(blob.offset, blob.size)) if probe else None
         stamp = self._stamp() if self.verify == "changed" else None  # before the read: a later change re-checks
-        for piece, n in self.pieces(views):
+        for piece, n, aligned in self.pieces(views):
             if cancelled():
                 return done, cached
             if self.inject is not None:
@@ -115,7 +119,7 @@ class BlobReader:
             if got != n:
                 if nowait and cached:
                     cached, nowait = self._refused(blob), False  # mincore answered for this whole read
-                got = self._read_piece(blob.offset + done, piece, n)
+                got = self._read_piece(blob.offset + done, piece, n, aligned)
             elif nowait:  # honoured
                 self._refusals = 0
             if got != n:
@@ -147,11 +151,13 @@ class BlobReader:
         except BlockingIOError:
             return 0
 
-    def _read_piece(self, offset, piece, n):
+    def _read_piece(self, offset, piece, n, aligned=False):
         if self.mode != "direct":
             return os.preadv(self.fd, piece, offset)
-        start = offset - offset % 4096
-        length = -(-(offset + n - start) // 4096) * 4096
+        if aligned and offset % DIRECT_ALIGN == 0:  # no bounce copy (held under the GIL)
+            return os.preadv(self.dfd, piece, offset)
+        start = offset - offset % DIRECT_ALIGN
+        length = -(-(offset + n - start) // DIRECT_ALIGN) * DIRECT_ALIGN
         buf = self._bounce(length)
         got = os.preadv(self.dfd, [memoryview(buf)[:length]], start)
         got = min(max(0, got - (offset - start)), n)
@@ -186,6 +192,11 @@ class BlobReader:
                 f"(crc32 {crc:08x}, manifest {blob.crc32:08x}) in {self.path}; the store is corrupt, pack the model again"
             )
         self._verified[key] = stamp
+
+
+def _page_aligned(view) -> bool:
+    """Whether a writable byte buffer starts and ends on a ``DIRECT_ALIGN`` boundary."""
+    return len(view) > 0 and len(view) % DIRECT_ALIGN == 0 and address(view) % DIRECT_ALIGN == 0
 
 
 def _takes_nowait(fd) -> bool:
