@@ -72,6 +72,21 @@ def test_batch_rows_match_single_rows():
         assert batch[i].tolist() == cache_aware_select(z[i], mask, 6, p=2, b=0.7, r1=0.1).tolist()
 
 
+@settings(max_examples=60, deadline=None)
+@given(z=hnp.arrays(np.float64, st.integers(4, 40), elements=st.floats(-5, 5, width=32)), data=st.data())
+def test_one_token_ranks_as_a_batch_of_it_merges(z, data):
+    """One token's candidates (its picks in order, mapped ones dropped) equal the merge of a batch
+    of that token twice, in every mode, ties included (z has repeats)."""
+    E = len(z)
+    z = np.round(z)  # ties
+    k = data.draw(st.integers(1, E))
+    mapped = np.array(data.draw(st.lists(st.booleans(), min_size=E, max_size=E)))
+    mode = data.draw(st.sampled_from(["raw", "resident_bonus", "cache_aware"]))
+    one = ahead_candidates(z, mapped, k, mode=mode, r1=0.2)
+    assert one.tolist() == ahead_candidates(np.stack([z, z]), mapped, k, mode=mode, r1=0.2).tolist()
+    assert one.dtype == np.int64 and not mapped[one].any()
+
+
 def test_ahead_merges_batch_by_best_rank_then_id_and_skips_mapped():
     z = np.full((2, 8), -10.0)
     z[0, [5, 1, 2]] = [3, 2, 1]  # row 0 ranks 5, 1, 2

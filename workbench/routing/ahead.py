@@ -53,7 +53,7 @@ class Planner:
     def on_route(self, engine, layer, ids) -> None:
         """The real router chose ``ids`` for ``layer``: teach the gate."""
         cands = self.pending.pop(layer, None)
-        if cands is not None:
+        if cands is not None and self.gate.learns:
             self.gate.update(layer, cands, np.unique(ids))
 
     def prediction(self, engine, layer, moe_input, logits):

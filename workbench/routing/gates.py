@@ -32,6 +32,7 @@ class Gate:
     """Base gate: admits everything, learns nothing."""
 
     name = "base"
+    learns = False  # whether ``update`` changes anything (callers skip building its arguments)
 
     def admit(self, layer: int, expert: int, **ctx) -> bool:
         return True
@@ -54,6 +55,7 @@ class ConfidenceGate(Gate):
     """2-bit saturating confidence counters per (layer, expert); admit at >= 2."""
 
     name = "confidence"
+    learns = True
 
     def __init__(self, init: int = 2, threshold: int = 2):
         if not 0 <= int(init) <= 3 or not 0 <= int(threshold) <= 3:

@@ -135,6 +135,9 @@ def ahead_candidates(pred_logits, mapped_mask, k, mode="raw", p=3, b=0.85, r1=0.
         picks = cache_aware_select(z, R, k, p=3, b=b, r1=0.0)
     else:
         picks = cache_aware_select(z, R, k, p=p, b=b, r1=r1)
+    if len(picks) == 1:  # one token: its picks are distinct, best first
+        row = picks[0]
+        return row[~mapped[row]].astype(np.int64)
     n_experts = z.shape[-1]
     best = np.full(n_experts, np.iinfo(np.int64).max, dtype=np.int64)
     ranks = np.broadcast_to(np.arange(picks.shape[-1]), picks.shape)
