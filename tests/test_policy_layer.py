@@ -189,7 +189,7 @@ def test_staged_reads_of_the_waiting_thread_land_before_the_next_claim(store):
         staging = eng.arena.staging
 
         def selected(ids, **ctx):
-            seen.append(len(staging._pending()))
+            seen.append(len(staging.pending))
 
         eng.hooks.add("layer.*.experts.selected", selected)
         res = eng.generate(PROMPT, max_tokens=8)
@@ -200,6 +200,31 @@ def test_staged_reads_of_the_waiting_thread_land_before_the_next_claim(store):
     assert res.tokens == ref
     assert len(seen) >= 32 and not any(seen), seen
     assert reads > 2 * grown, (reads, grown)
+
+
+def test_a_workers_staged_read_is_done_in_its_row_and_lands_on_the_decode_thread(store):
+    """An I/O worker's staged read counts as done once its row is full; the slot is written only by
+    the decode thread's next ``landed`` or ``flush``, and a slot's earlier reads never land over its
+    last one."""
+    from workbench.arena.staging import _last_per_slot
+
+    with Engine(store[1], arena=ArenaConfig("0.5", preload=False, writes="staged"), io=IOConfig(workers=2, reserved=0),
+                progress=False) as eng:
+        arena, staging = eng.arena, eng.arena.staging
+        layer = eng.m.moe_layers[1]
+        reqs = [arena.prefetch(layer, e, eng.top_k) for e in (2, 5)]  # speculative: read by the workers
+        for req in reqs:
+            req.event.wait()
+        assert [r.state for r in reqs] == ["done", "done"]
+        assert sorted(slot for _, slot in staging.pending) == sorted(r.slot for r in reqs)
+        keys = {layer * eng.m.n_experts + e for e in (2, 5)}
+        assert len(_slots_holding_wrong_bytes(eng, keys)) == 2  # not in their slots yet
+        free = len(staging.free)
+        arena.flush()
+        assert staging.pending == [] and len(staging.free) == free + 2
+        assert _slots_holding_wrong_bytes(eng, keys) == []
+        arena.finish_speculation()
+    assert _last_per_slot([("a", 1), ("b", 2), ("c", 1), ("d", 3), ("e", 2)]) == [("c", 1), ("d", 3), ("e", 2)]
 
 
 def test_short_read_names_the_blob(tiny, tmp_path):

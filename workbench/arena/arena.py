@@ -14,10 +14,10 @@ pass can run without asking the host which experts are resident (verified afterw
 Slot writes, per backend (``writes``):
   direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
            memory (CPU, Metal)
-  staged   reads land in a bounce row of host memory, copied into the slot by the I/O worker
-           that read it, or, for the decode thread's own reads, with the claim's compute
-           (``landed``; ``staging``: pinned rows, DMA and a landing kernel on CUDA, whose managed
-           slot pages would otherwise migrate to the host on every read and fault back)
+  staged   reads land in a bounce row of host memory, copied into the slot by the decode thread
+           with the next claim's compute (``landed``) or in ``flush`` (``staging``: pinned rows and
+           a landing kernel on CUDA, whose managed slot pages would otherwise migrate to the host
+           on every read and fault back)
   none     no slot memory: reads land nowhere; the simulators
            drive the same rules with an I/O backend of their own (``sim.vio``)
 
@@ -352,18 +352,18 @@ class Arena:
             self.staging.give(req.buffer)
             req.buffer = None
 
-    def _land(self, req, defer=False) -> None:
+    def _land(self, req) -> None:
         """Staged: on the reading thread, once the read is complete (``ReadRequest.land``)."""
         row, req.buffer = req.buffer, None
-        self.staging.land(row, req.slot, defer)
+        self.staging.land(row, req.slot)
 
     def landed(self, ids: np.ndarray) -> mx.array:
         """Slot ids ``ids`` (numpy) as the device array to compute with after a claim: staged reads
-        that the decode thread made itself land in their slots before that compute (``Staging.landed``)."""
+        complete by now land in their slots before that compute (``Staging.landed``)."""
         return mx.array(ids.astype(np.uint32)) if self.staging is None else self.staging.landed(ids)
 
     def flush(self) -> None:
-        """Staged reads that this thread made itself are in their slots now (a host wait)."""
+        """Staged reads complete by now are in their slots (a host wait)."""
         if self.staging is not None:
             self.staging.flush()
 
@@ -474,8 +474,8 @@ class Arena:
         return s
 
     def _wait_all(self, reqs):
-        """Wait for ``reqs``, reading them on this thread where no worker has started them; the
-        ones it read land with the caller's compute (``landed``), or in ``release``."""
+        """Wait for ``reqs``, reading them on this thread where no worker has started them; staged
+        ones land with the caller's compute (``landed``), or in ``release``."""
         error = None
         for req in reversed(reqs):  # workers take the queue front; the decode thread helps from the back
             self.io.help(req)

@@ -1,18 +1,18 @@
-"""Staged slot writes: a read lands in a bounce row of host memory, and the thread that read it
-copies the row into its slot.
+"""Staged slot writes: a read lands in a bounce row of host memory, and the decode thread copies
+the row into its slot before it computes on it.
 
-On CUDA the rows are pinned (``cudaHostAlloc``) and the copy is a DMA on the reading thread's own
-stream into the slot tensors (one ``cudaMemcpyBatchAsync`` for the row's tensors where the runtime
-has it, else one ``cudaMemcpyAsync`` per tensor), whose managed pages are advised to live on the
-GPU: the host never touches slot memory, so no page migrates back and forth (``os.preadv`` straight
-into managed memory moves its pages to the host, and the GPU then faults every one of them back).
-Elsewhere the rows are plain host memory and the copy is a host copy, so the CPU runs the same rules.
+On CUDA the rows are pinned (``cudaHostAlloc``), and the slot tensors' managed pages are advised to
+live on the GPU: the host never touches slot memory, so no page migrates back and forth
+(``os.preadv`` straight into managed memory moves its pages to the host, and the GPU then faults
+every one of them back). Elsewhere the rows are plain host memory, so the CPU runs the same rules.
 
-A read by an I/O worker waits for its copy before it counts as done. A read by the thread that
-will wait for it (``IOScheduler.help``: the decode thread reading a demand miss itself) defers its
-landing: on CUDA to one landing kernel per claim (``landed``), elsewhere to the claim's end; the
-claim's compute takes its slot ids from ``landed`` (or waits in ``flush``). Either way a slot's
-data is in place before the engine computes on it, as with direct writes.
+A read is done once its row is full, whichever thread read it (an I/O worker, or the decode thread
+reading a demand miss itself): it joins ``pending``. The decode thread lands every pending row in
+its next ``landed`` (which gives the claim's compute its slot ids) or ``flush`` (a host wait):
+on CUDA through one landing kernel that reads the rows from pinned memory, in the device's stream
+order, whose output is the ids, so the compute waits for it with no host sync and no runtime call
+per read (or, where that kernel cannot be built, a DMA per row and one wait); elsewhere a host
+copy. Either way a slot's data is in place before the engine computes on it, as with direct writes.
 """
 
 from __future__ import annotations
@@ -43,26 +43,22 @@ class Row:
 
 class Staging:
     """Bounce rows for the slot tensors ``tensors`` ([n_slots + 1, ...] MLX arrays, in the slot's
-    order); a row's ``views`` are one writable byte view per tensor (what a read fills).
-
-    Rows land in their slots on the reading thread (``land``), or, for the decode thread's own
-    reads (``defer``), when it next calls ``landed`` (with the slot ids the compute takes) or
-    ``flush``. On CUDA the decode thread's rows land through one kernel per claim that reads
-    them from pinned memory and writes the slots, in the device's stream order: ``landed`` returns
-    the ids as that kernel's output, so the compute that reads the slots waits for it (no host
-    sync, no runtime call per expert)."""
+    order); a row's ``views`` are one writable byte view per tensor (what a read fills). Rows are
+    taken and given back on the decode thread; any reading thread may ``land`` one."""
 
     def __init__(self, tensors, rows_per_chunk=16):
         raw = [memoryview(a).cast("B") for a in tensors]
         self.sizes = [r.nbytes // a.shape[0] for r, a in zip(raw, tensors)]
         self.offsets = np.cumsum([0] + [-(-n // _ALIGN) * _ALIGN for n in self.sizes])  # in a row
         self.rows_per_chunk = rows_per_chunk
-        self.free: deque[Row] = deque()  # taken on the decode thread, given back by readers
+        self.free: deque[Row] = deque()
+        self.pending: list = []  # (row, slot) of complete reads not landed yet, in the order they completed
+        self._lock = threading.Lock()  # for ``pending``
         self._inflight: deque = deque()  # (landing kernel's output, its rows) that it may still read
         self._local = threading.local()
         self._cuda = _cudart() if cuda_available() and mx.default_device() != mx.cpu else None
         self.device_copy = self._cuda is not None and all(_on_gpu(self._cuda, address(r), r.nbytes) for r in raw)
-        self.kernel = False  # the decode thread's rows land through the landing kernel
+        self.kernel = False  # pending rows land through the landing kernel
         if self.device_copy:
             self.bases = [address(r) for r in raw]
             self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
@@ -86,54 +82,24 @@ class Staging:
     def give(self, row: Row) -> None:
         self.free.append(row)
 
-    def land(self, row: Row, slot: int, defer: bool = False) -> None:
-        """Copy ``row`` into ``slot`` on the calling thread, complete and the row given back when
-        this returns; with ``defer``, once this thread calls ``landed`` or ``flush``."""
-        if defer and self.kernel:
-            self._pending().append((row, slot))  # the landing kernel copies it
-            return
-        self._pending().append((row, None))  # given back by flush, after the copy (or its error)
-        try:
-            if self.device_copy:
-                self._copy_to_device(row, slot)
-            else:
-                for view, n, src in zip(self.slot_views, self.sizes, row.views):
-                    view[slot * n:(slot + 1) * n] = src
-        except BaseException:
-            self.flush()
-            raise
-        if not defer:
-            self.flush()
+    def land(self, row: Row, slot: int) -> None:
+        """The read into ``row`` for ``slot`` is complete (on the thread that read it): the decode
+        thread's next ``landed`` or ``flush`` copies it into the slot."""
+        with self._lock:
+            self.pending.append((row, slot))
 
     def landed(self, ids: np.ndarray) -> mx.array:
-        """Slot ids ``ids`` (numpy) as a uint32 device array computed only once this thread's
-        deferred rows are in their slots: compute on the slots with it. On CUDA the ids travel in
-        the landing kernel's table (one upload per claim) and are its output."""
-        pending = self._pending()
-        if not pending or pending[0][1] is None:
-            self.flush()
-            return mx.array(ids.astype(np.uint32))
-        out = self._launch(pending, ids)
-        self._inflight.append((out, [row for row, _ in pending]))
-        pending.clear()
-        return out
+        """Slot ids ``ids`` (numpy) as a uint32 device array computed only once every pending row is
+        in its slot: compute on the slots with it. Through the landing kernel the ids travel in its
+        table (one upload per claim) and are its output."""
+        out = self._land_pending(ids)
+        return mx.array(ids.astype(np.uint32)) if out is None else out
 
     def flush(self) -> None:
-        """This thread's deferred rows are in their slots (waits for them), and given back."""
-        pending = self._pending()
-        if not pending:
-            return
-        try:
-            if pending[0][1] is not None:
-                mx.eval(self._launch(pending, np.zeros(1, dtype=np.uint32)))
-            elif self.device_copy:
-                rc = self._cuda.cudaStreamSynchronize(self._stream())
-                if rc != 0:
-                    raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
-        finally:
-            for row, _ in pending:
-                self.give(row)
-            pending.clear()
+        """Every pending row is in its slot (waits for it)."""
+        out = self._land_pending(np.zeros(1, dtype=np.uint32))
+        if out is not None:
+            mx.eval(out)
 
     def drain(self) -> None:
         """Every landing has run (waits for them) and every row is back: the end of a request."""
@@ -142,12 +108,42 @@ class Staging:
         while self._inflight:
             self.free.extend(self._inflight.popleft()[1])
 
-    def _pending(self) -> list:
-        """This thread's deferred rows: (row, slot) for the landing kernel, (row, None) copied already."""
-        pending = getattr(self._local, "pending", None)
-        if pending is None:
-            pending = self._local.pending = []
-        return pending
+    def _land_pending(self, ids):
+        """Land every pending row: the landing kernel's output (``ids``), or None where they are in
+        their slots already (no kernel: copied, and the rows given back)."""
+        with self._lock:
+            pending, self.pending = self.pending, []
+        if not pending:
+            return None
+        if not self.kernel:
+            self._copy(pending)
+            return None
+        rows = [row for row, _ in pending]
+        try:
+            out = self._launch(_last_per_slot(pending), ids)
+        except BaseException:
+            self.free.extend(rows)
+            raise
+        self._inflight.append((out, rows))  # given back once the kernel has run
+        return out
+
+    def _copy(self, pending):
+        """Land ``pending`` rows without the kernel (a DMA each and one wait on CUDA, else a host
+        copy), and give them back."""
+        try:
+            for row, slot in _last_per_slot(pending):
+                if self.device_copy:
+                    self._copy_to_device(row, slot)
+                else:
+                    for view, n, src in zip(self.slot_views, self.sizes, row.views):
+                        view[slot * n:(slot + 1) * n] = src
+            if self.device_copy:
+                rc = self._cuda.cudaStreamSynchronize(self._stream())
+                if rc != 0:
+                    raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
+        finally:
+            for row, _ in pending:
+                self.give(row)
 
     def _launch(self, pending, ids):
         """The landing kernel for ``pending`` [(row, slot)]: its output is ``ids`` (numpy slot ids),
@@ -227,6 +223,18 @@ class Staging:
 _ALIGN = 64  # a row's tensors start at multiples of this (the landing kernel copies 16 bytes at a time)
 _CHUNK = 32 * 1024  # bytes per block of the landing kernel
 _THREADS = 256
+
+
+def _last_per_slot(pending) -> list:
+    """``pending`` [(row, slot)] in the order the reads completed, with each slot's last read only:
+    an earlier one is a previous owner's, and landing it too (in the same kernel, in any order)
+    could leave its bytes in the slot."""
+    seen, last = set(), []
+    for row, slot in reversed(pending):
+        if slot not in seen:
+            seen.add(slot)
+            last.append((row, slot))
+    return last[::-1]
 
 
 def _chunks(sizes, offsets, bases):

@@ -57,7 +57,7 @@ class ReadRequest:
         self.claimed = None  # for speculation: None (not yet) or "late" (claimed while in flight)
         self.step = 0
         self.buffer = None  # staged slot writes: the bounce row the read lands in
-        self.land = None  # called (request, defer) by the reading thread once it read it all (staged)
+        self.land = None  # called (request) by the reading thread once it read it all (staged)
         self.page_cached = None  # demand reads through the page cache: whether the blob was in it before
 
     @property
@@ -98,14 +98,14 @@ class IOScheduler:
         """Urgent reads that the calling thread will wait for. It reads too (see ``help``): it
         queues them and wakes one worker fewer than there are reads; small blobs (below
         ``inline_below`` bytes), where a thread hand-off costs more than the read itself, it reads
-        all at once here, unqueued, landing as ``help`` does."""
+        all at once here, unqueued."""
         if not reqs:
             return
         now = time.perf_counter_ns()
         if reqs[0].blob.size < self.inline_below:
             for req in reqs:
                 req.t_submit = now
-            self._run_all(reqs, defer=True)
+            self._run_all(reqs)
             return
         with self.cv:
             for req in reqs:
@@ -140,8 +140,7 @@ class IOScheduler:
 
     def help(self, req: ReadRequest) -> None:
         """The waiting thread reads ``req`` itself if no worker has started it yet: a demand miss
-        then costs one read, not a read plus two thread hand-offs. A staged read then defers its
-        landing in the slot to the waiting thread's compute (``Staging.landed``)."""
+        then costs one read, not a read plus two thread hand-offs."""
         if req.state != QUEUED:  # taken already (a state never goes back to queued)
             return
         taken = False
@@ -152,7 +151,7 @@ class IOScheduler:
                 taken = True
                 self.urgent.remove(req)
                 req.state = RUNNING
-            self._run_all((req,), defer=True)
+            self._run_all((req,))
         finally:
             if taken and not req.event.is_set():  # interrupted before the read began: it never will
                 with self.cv:
@@ -161,7 +160,7 @@ class IOScheduler:
                     req.state = CANCELLED
                     req.event.set()
 
-    def _run_all(self, reqs, defer: bool = False) -> None:
+    def _run_all(self, reqs) -> None:
         """Read ``reqs`` (taken from the queues, or never queued) one after another on this thread,
         then settle them: every one ends done, cancelled or failed, even if this thread is interrupted."""
         states = []
@@ -174,7 +173,7 @@ class IOScheduler:
                                                                               lambda: req.cancel_flag, probe)
                     state = CANCELLED if req.bytes_read < req.blob.size else DONE
                     if state == DONE and req.land is not None:
-                        req.land(req, defer)
+                        req.land(req)
                 except BaseException as e:  # surfaces on the decode thread via wait()
                     req.error, state = e, FAILED
                 req.t_done = time.perf_counter_ns()
