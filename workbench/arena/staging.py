@@ -96,10 +96,12 @@ class Staging:
         return mx.array(ids.astype(np.uint32)) if out is None else out
 
     def flush(self) -> None:
-        """Every pending row is in its slot (waits for it)."""
+        """Every pending row is in its slot (waits for it), and given back."""
         out = self._land_pending(np.zeros(1, dtype=np.uint32))
         if out is not None:
-            mx.eval(out)
+            mx.eval(out)  # and every landing before it, in stream order
+            while self._inflight:
+                self.free.extend(self._inflight.popleft()[1])
 
     def drain(self) -> None:
         """Every landing has run (waits for them) and every row is back: the end of a request."""
