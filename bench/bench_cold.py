@@ -1,10 +1,12 @@
 """Streaming decode with a 25% arena and cold reads, against its floor.
 
     python bench/bench_cold.py [--tokens 32] [--mode dontneed|direct] [--writes direct|staged] [--device cpu|gpu]
+                               [--ahead none,layer:1]
 
 floor per token = bytes read per token / cold sequential bandwidth (measured in this run, same
 read mode) + compute per token (the same engine with every expert resident, measured in this
-run). Prints the ratio measured / floor (target: within 1.2x), with hit rate and distinct tokens.
+run). Prints the ratio measured / floor (target: within 1.2x), with hit rate and distinct tokens;
+``--ahead`` compares read-ahead settings (PREDICTOR:LOOKAHEAD or none), each against its own floor.
 """
 
 import argparse
@@ -12,6 +14,7 @@ import os
 import platform
 import statistics
 
+from bench_engine import ahead_config
 from workbench.config import ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
 from workbench.fsutil import cache_dir
@@ -39,6 +42,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default=None)
     ap.add_argument("--writes", default=None, help="slot writes: direct or staged (default: the backend's)")
+    ap.add_argument("--ahead", default="none", help="read-ahead to compare, comma-separated PREDICTOR:LOOKAHEAD or none")
     a = ap.parse_args()
     if a.device:
         import mlx.core as mx
@@ -53,11 +57,17 @@ def main():
         eng.generate(prompt, max_tokens=4)
         compute = statistics.median(statistics.median(eng.generate(prompt, max_tokens=a.tokens).step_times[1:])
                                     for _ in range(a.reps))
+    print(f"store {store} | {platform.machine()} {platform.system()} | mode {a.mode} | compute {compute * 1e3:.2f} ms/token")
+    for ahead in a.ahead.split(","):
+        cold(store, path, prompt, compute, a, ahead)
+
+
+def cold(store, path, prompt, compute, a, ahead):
     rows = []
     for rep in range(a.reps):
         seq = sequential_gbps(path, a.mode, cold=True)
         with Engine(store, arena=ArenaConfig("0.25", writes=a.writes), io=IOConfig(workers=8, mode=a.mode, verify="never"),
-                    progress=False) as eng:
+                    ahead=ahead_config(ahead), progress=False) as eng:
             drop_cache(path)
             res = eng.generate(prompt, max_tokens=a.tokens)
         per_tok = statistics.median(res.step_times[1:])
@@ -65,13 +75,13 @@ def main():
         floor = bpt / (seq * 1e9) + compute
         rows.append((per_tok, floor, seq, bpt, res.stats))
     per_tok, floor, seq, bpt, st = sorted(rows, key=lambda r: r[0] / r[1])[len(rows) // 2]
-    print(f"store {store} | {platform.machine()} {platform.system()} | mode {a.mode} | slot writes {st['slot_writes']}")
-    print(f"cold sequential {seq:.3f} GB/s | {bpt / 1e6:.2f} MB read per token | compute {compute * 1e3:.2f} ms/token")
+    print(f"read-ahead {ahead} | slot writes {st['slot_writes']} | cold sequential {seq:.3f} GB/s | "
+          f"{bpt / 1e6:.2f} MB read per token")
     print(f"measured {per_tok * 1e3:.2f} ms/token vs floor {floor * 1e3:.2f} ms/token: ratio {per_tok / floor:.3f} "
           f"(hit rate {st['hit_rate']:.1%}, distinct tokens {st['distinct_tokens']}/{st['tokens']})")
     wait = st["io_wait_s"] / st["tokens"]  # the decode thread's wait for its claims' reads
-    print(f"waiting for reads {wait * 1e3:.2f} ms/token: {bpt / wait / 1e9 if wait else float('nan'):.3f} GB/s "
-          f"while waited for, {wait / per_tok:.0%} of the token")
+    print(f"waiting for reads {wait * 1e3:.2f} ms/token, {wait / per_tok:.0%} of the token "
+          f"({bpt / wait / 1e9 if wait else float('nan'):.3f} GB/s: bytes read per token over that wait)")
 
 
 if __name__ == "__main__":

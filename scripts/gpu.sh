@@ -34,7 +34,8 @@ if [ "$what" = bench ]; then
     --decode auto,layer --writes ${MID_WRITES:-staged,direct} --profile ${PROFILE:-0} 2>&1 | tee "$OUT/bench_mid.txt"
   [ -z "${QUICK:-}" ] && timeout 60 python3 bench/bench_readpath.py --device gpu --slot-writes-only --reps 3 2>&1 \
     | tee "$OUT/readpath.txt"
-  timeout 90 python3 bench/bench_cold.py --device gpu --mode direct --tokens 24 --reps 2 2>&1 | tee "$OUT/cold.txt"
+  timeout 150 python3 bench/bench_cold.py --device gpu --mode direct --tokens 24 --reps 2 --ahead none,layer:1 2>&1 \
+    | tee "$OUT/cold.txt"
   timeout 60 python3 bench/bench_claims.py --device gpu --arenas 0.25 --writes staged,direct --reps 5 2>&1 \
     | tee "$OUT/claims.txt"
 fi
