@@ -219,7 +219,16 @@ def test_a_workers_staged_read_is_done_in_its_row_and_lands_on_the_decode_thread
         assert sorted(slot for _, slot in staging.pending) == sorted(r.slot for r in reqs)
         keys = {layer * eng.m.n_experts + e for e in (2, 5)}
         assert len(_slots_holding_wrong_bytes(eng, keys)) == 2  # not in their slots yet
-        free = len(staging.free)
+        free, how = len(staging.free), "_launch" if staging.kernel else "_copy"  # the landing kernel, or copies
+
+        def interrupted(*args):
+            delattr(staging, how)  # once
+            raise KeyboardInterrupt
+
+        setattr(staging, how, interrupted)
+        with pytest.raises(KeyboardInterrupt):  # an interrupted landing leaves its rows pending
+            arena.flush()
+        assert len(staging.pending) == 2 and len(staging.free) == free
         arena.flush()
         assert staging.pending == [] and len(staging.free) == free + 2
         assert _slots_holding_wrong_bytes(eng, keys) == []

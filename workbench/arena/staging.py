@@ -112,40 +112,34 @@ class Staging:
 
     def _land_pending(self, ids):
         """Land every pending row: the landing kernel's output (``ids``), or None where they are in
-        their slots already (no kernel: copied, and the rows given back)."""
+        their slots already (no kernel: copied, and the rows given back). Rows leave ``pending``
+        only once launched or copied: an error or an interrupt before that leaves them to land later."""
         with self._lock:
-            pending, self.pending = self.pending, []
+            pending = list(self.pending)
         if not pending:
             return None
-        if not self.kernel:
-            self._copy(pending)
-            return None
+        out = self._launch(_last_per_slot(pending), ids) if self.kernel else self._copy(_last_per_slot(pending))
+        with self._lock:
+            del self.pending[:len(pending)]  # readers only append
         rows = [row for row, _ in pending]
-        try:
-            out = self._launch(_last_per_slot(pending), ids)
-        except BaseException:
+        if out is None:
             self.free.extend(rows)
-            raise
-        self._inflight.append((out, rows))  # given back once the kernel has run
+        else:
+            self._inflight.append((out, rows))  # given back once the kernel has run
         return out
 
-    def _copy(self, pending):
-        """Land ``pending`` rows without the kernel (a DMA each and one wait on CUDA, else a host
-        copy), and give them back."""
-        try:
-            for row, slot in _last_per_slot(pending):
-                if self.device_copy:
-                    self._copy_to_device(row, slot)
-                else:
-                    for view, n, src in zip(self.slot_views, self.sizes, row.views):
-                        view[slot * n:(slot + 1) * n] = src
+    def _copy(self, pending) -> None:
+        """Land ``pending`` rows without the kernel: a DMA each and one wait on CUDA, else a host copy."""
+        for row, slot in pending:
             if self.device_copy:
-                rc = self._cuda.cudaStreamSynchronize(self._stream())
-                if rc != 0:
-                    raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
-        finally:
-            for row, _ in pending:
-                self.give(row)
+                self._copy_to_device(row, slot)
+            else:
+                for view, n, src in zip(self.slot_views, self.sizes, row.views):
+                    view[slot * n:(slot + 1) * n] = src
+        if self.device_copy:
+            rc = self._cuda.cudaStreamSynchronize(self._stream())
+            if rc != 0:
+                raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
 
     def _launch(self, pending, ids):
         """The landing kernel for ``pending`` [(row, slot)]: its output is ``ids`` (numpy slot ids),
