@@ -49,9 +49,11 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO / "notebooks"
 DEFAULT_KERNEL = "python3"
 DEFAULT_OUT = REPO / "reports" / "latest"
-# ipykernel logs "Kernel is running over TCP without encryption" on every start; the kernel only
-# listens on localhost for papermill, so keep its own log to errors (notebook output is untouched).
-KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+# The kernel's own log is not the notebook's output (untouched; a failing cell or a dead kernel is
+# reported by papermill): ipykernel logs "Kernel is running over TCP without encryption" on every
+# start (it listens on localhost only), and jupyter_client interrupts the kernel at every shutdown,
+# which ipykernel can log as "ERROR | KeyboardInterrupt caught in kernel". Keep it to critical.
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL"]
 NB_RE = re.compile(r"^(\d\d)_[A-Za-z0-9_]+$")
 
 # Parameter presets. "small" keeps CI fast on 2 cores (every notebook in seconds).
