@@ -97,15 +97,16 @@ class Staging:
 
     def flush(self) -> None:
         """Every pending row is in its slot (waits for it), and given back."""
-        out = self._land_pending(np.zeros(1, dtype=np.uint32))
-        if out is not None:
-            mx.eval(out)  # and every landing before it, in stream order
-            while self._inflight:
-                self.free.extend(self._inflight.popleft()[1])
+        if self._land_pending(np.zeros(1, dtype=np.uint32)) is not None:
+            self._reclaim()
 
     def drain(self) -> None:
         """Every landing has run (waits for them) and every row is back: the end of a request."""
         self.flush()
+        self._reclaim()
+
+    def _reclaim(self) -> None:
+        """Wait for every landing kernel launched so far and give their rows back."""
         mx.eval([out for out, _ in self._inflight])
         while self._inflight:
             self.free.extend(self._inflight.popleft()[1])
@@ -118,7 +119,8 @@ class Staging:
             pending = list(self.pending)
         if not pending:
             return None
-        out = self._launch(_last_per_slot(pending), ids) if self.kernel else self._copy(_last_per_slot(pending))
+        last = _last_per_slot(pending)
+        out = self._launch(last, ids) if self.kernel else self._copy(last)
         with self._lock:
             del self.pending[:len(pending)]  # readers only append
         rows = [row for row, _ in pending]

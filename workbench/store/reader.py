@@ -151,7 +151,7 @@ class BlobReader:
         except BlockingIOError:
             return 0
 
-    def _read_piece(self, offset, piece, n, aligned=False):
+    def _read_piece(self, offset, piece, n, aligned):
         if self.mode != "direct":
             return os.preadv(self.fd, piece, offset)
         if aligned and offset % DIRECT_ALIGN == 0:  # no bounce copy (held under the GIL)
