@@ -10,7 +10,8 @@ runs (so drifting load hits every side alike):
               copy to numpy): the reference any engine that syncs per layer is measured against
   streamed    the engine; hit rate, distinct tokens, optimistic tokens and recomputes beside it
 "no-read tokens" is the median over decode tokens that read nothing (every expert was resident).
-"host us/layer" is the engine's own cost per MoE layer above the sync floor: (streamed - floor) / layers.
+"host us/layer" is the engine's own cost per MoE layer above the sync floor: (streamed - floor) / layers;
+"engine/floor per rep" the streamed / floor ratio of each rep, median [lowest, highest].
 The trace row: a full trace recorder (MoE inputs included) against the untraced run at 100%.
 """
 
@@ -78,6 +79,12 @@ def sync_floor_model(path):
     return model
 
 
+def spread(streamed_ms, floor_ms) -> str:
+    """Streamed / floor of each interleaved rep: median [lowest, highest] (the floor is the run beside it)."""
+    ratios = sorted(s / f for s, f in zip(streamed_ms, floor_ms))
+    return f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
+
+
 def streamed(eng, prompt, n, trace=None):
     res = eng.generate(prompt, max_tokens=n, trace=trace, progress=False)
     c = res.counters
@@ -122,6 +129,9 @@ def main():
     ap.add_argument("--landing", default="engine", help="staged writes on CUDA: how the decode thread's own reads "
                     "land, comma-separated values to compare: kernel (one landing kernel per claim) or dma (a copy "
                     "per read); default: the engine's")
+    ap.add_argument("--pipeline", default="engine", help="per-layer decode: start each layer's experts at once "
+                    "(on: async_eval) or with the next router sync (off), comma-separated values to compare; default: "
+                    "the engine's")
     ap.add_argument("--ahead", default="none", help="read-ahead to compare, comma-separated PREDICTOR:LOOKAHEAD or "
                     "none, e.g. none,layer:1 (exact either way)")
     ap.add_argument("--profile", type=int, default=0, help="also print the N functions with the most host time per "
@@ -141,11 +151,12 @@ def main():
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | model {path.name} | {platform.machine()} {platform.system()} | "
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
     print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
-          "recomp  host-us/layer")
-    combos = [(arena, decode, w, ahead, inline, landing) for arena in a.arenas.split(",")
+          "recomp  host-us/layer  engine/floor per rep")
+    combos = [(arena, decode, w, ahead, inline, landing, pipe) for arena in a.arenas.split(",")
               for decode in a.decode.split(",") for w in (a.writes.split(",") if a.writes else [None])
-              for ahead in a.ahead.split(",") for inline in a.inline_below.split(",") for landing in a.landing.split(",")]
-    for arena, decode, writes, ahead, inline, landing in combos:
+              for ahead in a.ahead.split(",") for inline in a.inline_below.split(",") for landing in a.landing.split(",")
+              for pipe in a.pipeline.split(",")]
+    for arena, decode, writes, ahead, inline, landing, pipe in combos:
             with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, ahead=ahead_config(ahead),
                              progress=False) as eng:
                 if inline != "engine":
@@ -154,6 +165,10 @@ def main():
                     eng.arena.staging.kernel = False
                 elif landing not in ("engine", "dma", "kernel"):
                     raise SystemExit(f"--landing {landing}: use kernel or dma")
+                if pipe != "engine":
+                    if pipe not in ("on", "off"):
+                        raise SystemExit(f"--pipeline {pipe}: use on or off")
+                    eng.pipeline = pipe == "on"
                 streamed(eng, prompt, 8)  # warm: page cache and compiled kernels
                 r, f, s, q, stats = [], [], [], [], None
                 for _ in range(a.reps):
@@ -166,16 +181,17 @@ def main():
                 rm, fm, sm = statistics.median(r), statistics.median(f), statistics.median(s)
                 qm = f"{statistics.median(q):7.2f}" if q else "    n/a"
                 label = decode + ("" if ahead == "none" else f"+{ahead}") + ("" if inline == "engine" else f" inline<{inline}")
+                label += "" if pipe == "engine" else f" pipe-{pipe}"
                 staging = eng.arena.staging
                 if landing != "engine" and staging is not None and staging.device_copy:
                     label += " kernel" if staging.kernel else " dma"
                 print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
                       f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
                       f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  "
-                      f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}", flush=True)
+                      f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {spread(s, f)}", flush=True)
                 if a.profile:
                     host_profile(eng, prompt, a.tokens, a.profile)
-                if arena == "1.0" and (decode, writes, ahead, inline, landing) == combos[0][1:]:
+                if arena == "1.0" and (decode, writes, ahead, inline, landing, pipe) == combos[0][1:]:
                     with tempfile.TemporaryDirectory() as d:
                         plain, traced = [], []
                         for i in range(a.reps):

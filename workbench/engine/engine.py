@@ -144,6 +144,8 @@ class Engine(SpeculativeMixin):
         backend = "cpu" if mx.default_device() == mx.cpu else "gpu"
         self.decode = decode
         self.sync_cost = SYNC_COST[backend] if sync_cost is None else float(sync_cost)
+        self.pipeline = True  # per-layer decode starts each layer's experts at once (faster on both backends:
+        # bench_engine.py --pipeline on,off)
         self._opt = None
         warm = self.arena.policy.warm_keys()
         if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
@@ -672,8 +674,8 @@ class Engine(SpeculativeMixin):
             if i < len(waves) - 1:
                 mx.eval(y)  # the next wave may overwrite this one's slots: compute first
                 self.arena.release()
-            else:  # start the experts now; the next layer's router sync waits for them before any slot changes owner
-                mx.async_eval(y)
+            elif self.pipeline:  # start the experts now; the next layer's router sync waits for them before any
+                mx.async_eval(y)  # slot changes owner (without it, that sync runs them)
             c["compute_ns"] += time.perf_counter_ns() - t0
         return y
 

@@ -1,0 +1,105 @@
+"""Where the host time of a per-layer token goes, function by function.
+
+    python bench/bench_host.py [--device cpu|gpu] [--arena 0.25] [--tokens 32] [--reps 3] [--pipeline on|off]
+
+Per-layer decode on the reference model from a one-token prompt (no prefill), with the engine's
+per-layer functions and MLX's eval calls wrapped in timers (about a microsecond each): microseconds
+per MoE layer and calls per layer, nested (``at_layer`` runs inside ``_compute``, the reads inside
+``at_layer``; ``mx.eval`` holds the router sync's wait for the device). The sync floor (resident
+mlx-lm with one forced host sync per MoE layer) is timed beside it. cProfile (``bench_engine.py
+--profile``) sees more functions but slows each call several times over.
+"""
+
+import argparse
+import collections
+import datetime
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm.models.switch_layers as switch_layers
+from mlx_lm.generate import generate_step
+
+import workbench.arena.staging as staging_module
+import workbench.engine.engine as engine_module
+from bench_engine import sync_floor_model, token_ms
+from workbench.data import default_model, workload
+from workbench.engine.engine import Engine, parse_device
+
+SPENT, CALLS = collections.defaultdict(int), collections.defaultdict(int)
+
+
+def timed(name, fn):
+    def run(*a, **k):
+        t = time.perf_counter_ns()
+        try:
+            return fn(*a, **k)
+        finally:
+            SPENT[name] += time.perf_counter_ns() - t
+            CALLS[name] += 1
+    return run
+
+
+class TimedMX:
+    """``mlx.core`` for the engine's modules, with ``eval`` and ``async_eval`` timed."""
+
+    eval = staticmethod(timed("mx.eval", mx.eval))
+    async_eval = staticmethod(timed("mx.async_eval", mx.async_eval))
+
+    def __getattr__(self, name):
+        return getattr(mx, name)
+
+
+def instrument(eng):
+    arena = eng.arena
+    for name in ("at_layer", "landed", "release", "after_layer", "_victim", "_read", "_publish", "_wait_all"):
+        setattr(arena, name, timed("arena." + name, getattr(arena, name)))
+    arena.io.submit_many = timed("io.submit_many (inline reads)", arena.io.submit_many)
+    if arena.staging is not None:
+        for name in ("take", "_launch"):
+            setattr(arena.staging, name, timed("staging." + name, getattr(arena.staging, name)))
+    for name in ("run_experts", "_compute", "_selected"):
+        setattr(eng, name, timed("engine." + name, getattr(eng, name)))
+    for cls in (switch_layers.SwitchGLU, switch_layers.SwitchMLP):
+        cls.__call__ = timed(f"{cls.__name__} (graph)", cls.__call__)
+    engine_module.mx = staging_module.mx = TimedMX()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--arena", default="0.25")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pipeline", default="on", choices=["on", "off"])
+    a = ap.parse_args()
+    dev = parse_device(a.device)
+    if dev is not None:
+        mx.set_default_device(dev)
+    path = Path(default_model())
+    with Engine.open(path, arena=a.arena, decode="layer", progress=False) as eng:
+        prompt = eng.encode(workload("code_heldout")[0]["text"])[:1]
+        eng.pipeline = a.pipeline == "on"
+        eng.generate(prompt, max_tokens=8, progress=False)  # warm: compiled kernels, page cache
+        floor = sync_floor_model(path)
+        floor_ms = statistics.median(token_ms(generate_step(mx.array(prompt), floor), a.tokens) for _ in range(a.reps))
+        instrument(eng)
+        ms = []
+        for _ in range(a.reps):
+            res = eng.generate(prompt, max_tokens=a.tokens, progress=False)
+            ms.append(statistics.median(res.step_times[1:]) * 1e3)
+    layers = len(eng.m.moe_layers) * a.tokens * a.reps
+    print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | {platform.machine()} {platform.system()} | mlx {mx.__version__} | "
+          f"device {mx.default_device()} | arena {a.arena}, pipeline {a.pipeline}, {a.tokens} tokens x {a.reps} reps")
+    print(f"engine {statistics.median(ms):.2f} ms/token, sync floor {floor_ms:.2f} ms/token, engine/floor "
+          f"{statistics.median(ms) / floor_ms:.2f}; hit rate {res.stats['hit_rate']:.1%}, "
+          f"{res.stats['distinct_tokens']}/{res.stats['tokens']} distinct tokens")
+    print(f"{'function':<32} {'us/layer':>9} {'calls/layer':>12}")
+    for name, ns in sorted(SPENT.items(), key=lambda kv: -kv[1]):
+        print(f"{name:<32} {ns / layers / 1e3:9.1f} {CALLS[name] / layers:12.2f}")
+
+
+if __name__ == "__main__":
+    main()
