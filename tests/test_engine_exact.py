@@ -101,17 +101,20 @@ def test_full_arena_is_preloaded_and_never_syncs_per_layer(tiny):
 @pytest.mark.parametrize("arena", ["4", "0.3", "0.6"])
 def test_optimistic_and_per_layer_decode_are_one_result(tiny, arena):
     """Without read-ahead the two modes run the same arena events in the same order: same tokens,
-    log-probs, counters and residency; optimistic decode recomputes where a layer missed."""
+    log-probs, counters and residency; optimistic decode recomputes where a layer missed. Per-layer
+    decode that leaves each layer's experts to the next sync (``pipeline`` off) is the same run."""
     _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
     out = {}
-    for decode in ("optimistic", "layer"):
+    for decode, pipeline in (("optimistic", True), ("layer", True), ("layer", False)):
         with Engine(store, arena=arena, decode=decode, progress=False) as eng:
-            out[decode] = eng.generate(PROMPT, max_tokens=12)
-    opt, lay = out["optimistic"], out["layer"]
-    assert opt.tokens == lay.tokens
+            eng.pipeline = pipeline
+            out[decode, pipeline] = eng.generate(PROMPT, max_tokens=12)
+    opt, lay, unpiped = out["optimistic", True], out["layer", True], out["layer", False]
+    assert opt.tokens == lay.tokens == unpiped.tokens
     np.testing.assert_allclose(opt.logprobs, lay.logprobs, atol=TOL)
+    np.testing.assert_allclose(unpiped.logprobs, lay.logprobs, atol=TOL)
     for key in ("hits", "misses", "sync_misses", "evictions", "bytes_read", "residency_hash"):
-        assert opt.stats[key] == lay.stats[key], key
+        assert opt.stats[key] == lay.stats[key] == unpiped.stats[key], key
     assert opt.stats["recomputes"] > 0 and opt.stats["recomputed_layers"] >= opt.stats["recomputes"]
     cols = ["step", "layer", "hits", "misses", "evictions"]
     assert opt.counters[cols].equals(lay.counters[cols])
