@@ -3,7 +3,8 @@
 # ../shared/gpu/README.md for the lent H200). Logs go to $OUT (default ./gpu-out).
 #   bash scripts/gpu.sh tests   slot / determinism probe, then the engine tests with WORKBENCH_DEVICE=gpu
 #   bash scripts/gpu.sh bench   engine benchmarks (reference and mid-size model) with host profiles,
-#                               read path, cold streaming and the arena's own cost per claim
+#                               read path, cold streaming, the arena's own cost per claim, a per-layer
+#                               token's host time by function, and one layer's round trip by primitive
 #   bash scripts/gpu.sh nan     the NaN probe (resident mlx-lm and the engine, repeated)
 #   bash scripts/gpu.sh kernels the GPU kernels per decode token, resident mlx-lm vs the engine (needs torch)
 set -uo pipefail
@@ -38,4 +39,6 @@ if [ "$what" = bench ]; then
     | tee "$OUT/cold.txt"
   timeout 60 python3 bench/bench_claims.py --device gpu --arenas 0.25 --writes staged,direct --reps 5 2>&1 \
     | tee "$OUT/claims.txt"
+  timeout 60 python3 bench/bench_host.py --device gpu --arena 0.25 --tokens 32 2>&1 | tee "$OUT/host.txt"
+  timeout 60 python3 bench/bench_sync.py --device gpu --tokens 64 --reps 5 2>&1 | tee "$OUT/sync.txt"
 fi
