@@ -61,7 +61,7 @@ def token(x, w, lut, variant, kernel, top_k):
                 slots = kernel[0](inputs=[mx.array(table)], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                                   output_shapes=[ids.shape], output_dtypes=[mx.uint32])[0]
             elif variant == "+pinned":  # layer i's table: the previous token's kernels have run (its eval)
-                host, where = kernel[2][i]
+                host, where = kernel[2][0][i]
                 host[0], host[1:1 + ids.size] = ids.size, ids
                 slots = kernel[1](inputs=[mx.array(np.uint64(where))], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                                   output_shapes=[ids.shape], output_dtypes=[mx.uint32])[0]
@@ -74,13 +74,13 @@ def token(x, w, lut, variant, kernel, top_k):
 
 
 def pinned_tables(n, top_k):
-    """``n`` tables of 1 + top_k uint64 in pinned host memory: (numpy view, the GPU's address)."""
+    """``n`` tables of 1 + top_k uint64 in pinned host memory, as (numpy view, the GPU's address), and
+    the memory itself (freed once that is gone: keep it)."""
     from workbench.arena.staging import _cudart, _Pinned
 
     chunk = _Pinned(_cudart(), n * 64 * 8)
     flat = np.frombuffer(chunk.buffer, dtype=np.uint64)
-    pinned_tables.keep = chunk
-    return [(flat[i * 64:i * 64 + 1 + top_k], chunk.device + i * 64 * 8) for i in range(n)]
+    return [(flat[i * 64:i * 64 + 1 + top_k], chunk.device + i * 64 * 8) for i in range(n)], chunk
 
 
 def main():

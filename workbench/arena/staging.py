@@ -132,16 +132,16 @@ class Staging:
 
     def _copy(self, pending) -> None:
         """Land ``pending`` rows without the kernel: a DMA each and one wait on CUDA, else a host copy."""
-        for row, slot in pending:
-            if self.device_copy:
-                self._copy_to_device(row, slot)
-            else:
+        if not self.device_copy:
+            for row, slot in pending:
                 for view, n, src in zip(self.slot_views, self.sizes, row.views):
                     view[slot * n:(slot + 1) * n] = src
-        if self.device_copy:
-            rc = self._cuda.cudaStreamSynchronize(self._stream())
-            if rc != 0:
-                raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
+            return
+        for row, slot in pending:
+            self._copy_to_device(row, slot)
+        rc = self._cuda.cudaStreamSynchronize(self._stream())
+        if rc != 0:
+            raise RuntimeError(f"copy into a slot failed (CUDA error {rc})")
 
     def _launch(self, pending, ids):
         """The landing kernel for ``pending`` [(row, slot)]: its output is ``ids`` (numpy slot ids),
