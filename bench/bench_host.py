@@ -25,6 +25,7 @@ from mlx_lm.generate import generate_step
 import workbench.arena.staging as staging_module
 import workbench.engine.engine as engine_module
 from bench_engine import sync_floor_model, token_ms
+from workbench.config import ArenaConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
 
@@ -74,12 +75,13 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pipeline", default="on", choices=["on", "off"])
+    ap.add_argument("--writes", default=None, help="slot writes: direct, mapped or staged (default: the backend's)")
     a = ap.parse_args()
     dev = parse_device(a.device)
     if dev is not None:
         mx.set_default_device(dev)
     path = Path(default_model())
-    with Engine.open(path, arena=a.arena, decode="layer", progress=False) as eng:
+    with Engine.open(path, arena=ArenaConfig(a.arena, writes=a.writes), decode="layer", progress=False) as eng:
         prompt = eng.encode(workload("code_heldout")[0]["text"])[:1]
         eng.pipeline = a.pipeline == "on"
         eng.generate(prompt, max_tokens=8, progress=False)  # warm: compiled kernels, page cache
@@ -92,7 +94,8 @@ def main():
             ms.append(statistics.median(res.step_times[1:]) * 1e3)
     layers = len(eng.m.moe_layers) * a.tokens * a.reps
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | {platform.machine()} {platform.system()} | mlx {mx.__version__} | "
-          f"device {mx.default_device()} | arena {a.arena}, pipeline {a.pipeline}, {a.tokens} tokens x {a.reps} reps")
+          f"device {mx.default_device()} | arena {a.arena}, {eng.arena.writes} writes, pipeline {a.pipeline}, "
+          f"{a.tokens} tokens x {a.reps} reps")
     print(f"engine {statistics.median(ms):.2f} ms/token, sync floor {floor_ms:.2f} ms/token, engine/floor "
           f"{statistics.median(ms) / floor_ms:.2f}; hit rate {res.stats['hit_rate']:.1%}, "
           f"{res.stats['distinct_tokens']}/{res.stats['tokens']} distinct tokens")

@@ -20,6 +20,7 @@ if [ "$what" = tests ]; then
   timeout ${PROBE_S:-100} python3 bench/slot_probe.py --device gpu 2>&1 | tee "$OUT/slot_probe.txt"
   timeout ${TESTS_S:-400} python3 -m pytest $TESTS -q -p no:cacheprovider -o faulthandler_timeout=120 -k "not cli" \
     2>&1 | tee "$OUT/tests.txt" | tail -n 40
+  echo "pytest exit status ${PIPESTATUS[0]} (124: ran past TESTS_S)" | tee -a "$OUT/tests.txt"
 fi
 if [ "$what" = nan ]; then
   timeout 150 python3 bench/nan_probe.py --device gpu --runs 4 --processes 3 --tokens 32 2>&1 | tee "$OUT/nan.txt"

@@ -19,6 +19,8 @@ TOL = float(os.environ.get("WORKBENCH_TOL", 1e-2 if DEVICE == "gpu" else 1e-4))
 # size 32: resident mlx-lm itself differs between identical runs and sometimes yields NaN, see
 # bench/RESULTS.md); on the GPU the tiny models use the smallest shapes measured stable there.
 # WORKBENCH_TINY=stable selects those shapes on the CPU too (to reproduce a GPU run's models).
+# Slot write modes the engine tests run: "mapped" differs from "direct" only on CUDA.
+WRITES = ("direct", "staged", "mapped") if DEVICE == "gpu" else ("direct", "staged")
 STABLE_SHAPE = dict(hidden=256, expert_width=128)
 STABLE_GROUP = 64
 if DEVICE == "gpu":

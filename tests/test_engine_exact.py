@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from conftest import TOL, resident_greedy
+from conftest import TOL, WRITES, resident_greedy
 from workbench.config import ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
 
@@ -57,13 +57,12 @@ def test_model_dir_is_packed_on_first_use(tiny, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bits", [4, None])  # float32: a blob's tensors are whole pages (O_DIRECT reads into rows)
 def test_read_modes_agree(tiny, bits):
-    from workbench.arena.arena import WRITE_MODES
     from workbench.store.reader import available_modes
 
     _, store = tiny("qwen3_moe", bits)
     outs = {}
     for mode in available_modes():
-        for writes in set(WRITE_MODES) - {"none"}:
+        for writes in WRITES:
             with Engine(store, arena=ArenaConfig("0.25", writes=writes), io=IOConfig(mode=mode, verify="always"),
                         progress=False) as eng:
                 outs[mode, writes] = eng.generate(PROMPT, max_tokens=6).tokens
@@ -141,11 +140,11 @@ def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
     model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 24)
     outs = {}
-    for writes in ("direct", "staged"):
+    for writes in WRITES:
         with Engine(store, arena=ArenaConfig("0.3", writes=writes), ahead=AheadConfig(predictor="layer", lookahead=1),
                     decode=decode, progress=False) as eng:
             res = eng.generate(PROMPT, max_tokens=24)
-            outs[writes] = (res.tokens, res.stats["residency_hash"])
+            outs[writes] = (tuple(res.tokens), res.stats["residency_hash"])
             assert res.tokens == ref, writes
             np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL, err_msg=writes)
             if writes == "staged":
@@ -153,7 +152,42 @@ def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
                 reads = res.stats["misses"] + res.stats["prefill"]["misses"] + res.stats["prefetch"]["issued"]
                 assert reads > 2 * rows, (reads, rows)  # rows were reused
                 assert rows <= 2 * eng.n_slots
-    assert outs["direct"] == outs["staged"]
+    assert len(set(outs.values())) == 1, outs
+
+
+def _preferred_location(array) -> int:
+    """CUDA's preferred location type of an MLX array's managed memory: 1 the GPU, 2 the host, 0 none."""
+    import ctypes
+
+    from workbench.arena.staging import _cudart
+    from workbench.arrays import address
+
+    view = memoryview(array).cast("B")
+    kind = ctypes.c_int(-1)
+    rc = _cudart().cudaMemRangeGetAttribute(ctypes.byref(kind), ctypes.c_size_t(4), 5,  # ...PreferredLocationType
+                                            ctypes.c_void_p(address(view)), ctypes.c_size_t(view.nbytes))
+    assert rc == 0, f"cudaMemRangeGetAttribute failed (CUDA error {rc})"
+    return kind.value
+
+
+def test_slot_writes_default_by_backend_and_arena_size(tiny):
+    """direct on the CPU and Metal; on CUDA mapped for a partial arena and staged for a full one
+    (bench/RESULTS.md, ninth pass), and a mapped arena's memory is back on the GPU once the engine is
+    closed, before MLX hands it to another array."""
+    import mlx.core as mx
+
+    from workbench.arena.staging import cuda_available
+
+    _, store = tiny("qwen3_moe", 4)
+    cuda = cuda_available() and mx.default_device() != mx.cpu
+    for arena, want in (("0.25", "mapped"), ("1.0", "staged")):
+        with Engine(store, arena=arena, progress=False) as eng:
+            assert eng.arena.writes == (want if cuda else "direct")
+            tensor = next(iter(eng.arena.tensors.values()))
+            if cuda:
+                assert _preferred_location(tensor) == (2 if want == "mapped" else 1)
+        if cuda:
+            assert _preferred_location(tensor) == 1
 
 
 def test_controller_probes_less_often_while_probes_lose():

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TOL, resident_greedy
+from conftest import TOL, WRITES, resident_greedy
 from workbench.config import AheadConfig, ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
 from workbench.routing.setup import configure
@@ -72,7 +72,7 @@ def test_oracle_prefetch_removes_sync_misses(store, tmp_path):
     assert res.stats["prefetch"]["completed_unused"] == 0  # the oracle never reads what is not claimed
 
 
-@pytest.mark.parametrize("writes", ["direct", "staged"])
+@pytest.mark.parametrize("writes", WRITES)
 def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes):
     """In optimistic decode the planner reads the next token's experts once a token is settled:
     with the oracle (the next step's recorded picks) most claims that were sync misses become
@@ -151,7 +151,7 @@ def _slots_holding_wrong_bytes(eng, keys=None) -> list:
     return bad
 
 
-@pytest.mark.parametrize("writes", ["direct", "staged"])
+@pytest.mark.parametrize("writes", WRITES)
 def test_io_fault_surfaces_and_engine_recovers(store, writes):
     """A read error ends the run; the reads that did complete keep their data (staged writes copy
     them in), so the next run is exact and every published slot holds its blob's bytes."""
@@ -437,7 +437,7 @@ def test_a_failed_open_leaves_no_thread_or_file(tiny, tmp_path):
     assert len(os.listdir("/proc/self/fd")) == fds
 
 
-@pytest.mark.parametrize("writes", ["direct", "staged"])
+@pytest.mark.parametrize("writes", WRITES)
 def test_an_interrupt_among_a_claims_own_reads_keeps_the_reads_it_made(store, writes, monkeypatch):
     """Ctrl-C while the decode thread reads a claim's misses itself (in ``submit_many``): the claim
     ends with it, a read that completed keeps its slot (mapped, unpublished, its bytes in place),

@@ -44,8 +44,10 @@ def add_engine_args(p):
     p.add_argument("--device", default=None, help="cpu | gpu (default: MLX's default device)")
     p.add_argument("--decode", default="auto", help="auto | optimistic (one host sync per token, verified) | layer "
                                                     "(one sync per MoE layer)")
-    p.add_argument("--slot-writes", default=None, help="direct (reads land in slot memory) | staged (pinned "
-                                                       "bounce rows landed in slots by DMA or a kernel; CUDA); default by backend")
+    p.add_argument("--slot-writes", default=None, help="direct (reads land in slot memory) | mapped (direct into "
+                   "slot memory kept on the host, read by the GPU over the bus; CUDA) | staged (pinned bounce rows "
+                   "landed in GPU memory by a kernel; CUDA); default: direct on CPU and Metal, on CUDA mapped for a "
+                   "partial arena and staged for a full one")
     add_ahead_args(p.add_argument_group("read-ahead and cache-aware routing"), live=True)
 
 

@@ -50,9 +50,10 @@ def _choice(what, flag, value, valid):
 class ArenaConfig:
     """``size``: a fraction (0.25), percentage (25%), slot count (64) or size (2GB, 2GiB); see
     ``workbench.sizes``. ``policy``: an eviction policy name (simulate also takes a Policy class
-    or instance). ``policy_options``: e.g. ``{"hotlist": "hot.txt"}``. ``writes``: direct | staged
-    (engine; default by backend). ``preload``: auto reads every expert at open when the arena holds
-    them all, True / False force it (engine); simulate preloads the policy's hotlist unless False."""
+    or instance). ``policy_options``: e.g. ``{"hotlist": "hot.txt"}``. ``writes``: direct | mapped |
+    staged (engine; default by backend and arena size, ``arena.default_writes``). ``preload``: auto
+    reads every expert at open when the arena holds them all, True / False force it (engine);
+    simulate preloads the policy's hotlist unless False."""
 
     size: str | int | float = "0.25"
     policy: object = "lru"

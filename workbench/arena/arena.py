@@ -14,6 +14,9 @@ pass can run without asking the host which experts are resident (verified afterw
 Slot writes, per backend (``writes``):
   direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
            memory (CPU, Metal)
+  mapped   direct, with CUDA's managed slot memory advised to live on the host and be mapped by
+           the GPU (``staging.host_mapped``): no page migrates, the experts' compute reads the
+           slots over the bus (elsewhere the same as direct)
   staged   reads land in a bounce row of host memory, copied into the slot by the decode thread
            with the next claim's compute (``landed``) or in ``flush`` (``staging``: pinned rows and
            a landing kernel on CUDA, whose managed slot pages would otherwise migrate to the host
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 import time
+import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -36,7 +40,7 @@ import numpy as np
 from ..io.scheduler import CANCELLED, DONE, FAILED, ReadRequest
 from ..store.manifest import StoreError
 from .policies import make_policy
-from .staging import Staging
+from .staging import Staging, host_mapped
 from .policies.base import Policy
 
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
@@ -44,18 +48,20 @@ _DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloa
            "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
 
 
-WRITE_MODES = ("direct", "staged", "none")
+WRITE_MODES = ("direct", "mapped", "staged", "none")
 
 
 class ArenaError(RuntimeError):
     """The arena cannot serve a request (too small, no eligible victim)."""
 
 
-def default_writes() -> str:
-    """direct where host and device share memory (CPU, Metal); staged on CUDA."""
+def default_writes(full: bool = False) -> str:
+    """direct where host and device share memory (CPU, Metal). On CUDA: mapped for an arena that
+    holds part of the experts (no landing per read), staged for one that holds them all (its experts
+    are then read from GPU memory on every token): bench/RESULTS.md, "ninth pass"."""
     if mx.default_device() == mx.cpu or mx.metal.is_available():
         return "direct"
-    return "staged"
+    return "staged" if full else "mapped"
 
 
 class Arena:
@@ -72,7 +78,7 @@ class Arena:
             self.policy = policy
         else:
             self.policy = make_policy(policy, n_slots, n_keys=n_keys, n_experts=self.E, **(policy_options or {}))
-        self.writes = writes or default_writes()
+        self.writes = writes or default_writes(full=n_slots >= manifest.n_routed)
         if self.writes not in WRITE_MODES:
             raise ValueError(f"unknown slot write mode {self.writes!r}; valid: {', '.join(WRITE_MODES)}")
         self.placeholder = n_slots  # the extra row: zeros, never written
@@ -80,8 +86,16 @@ class Arena:
         if self.writes != "none":
             self.tensors = {t.name: mx.zeros((n_slots + 1, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
             mx.eval(list(self.tensors.values()))
+        self._unmap_host = None
+        if self.writes == "mapped" and not (mx.default_device() == mx.cpu or mx.metal.is_available()):
+            if not host_mapped(list(self.tensors.values())):
+                raise ValueError("slot writes 'mapped': this CUDA runtime refused to keep slot memory on the host; "
+                                 "use staged or direct")
+            # once the arena is closed or gone, the memory goes back to the GPU before MLX reuses it
+            self._unmap_host = weakref.finalize(self, host_mapped, list(self.tensors.values()), False)
+            self._unmap_host.atexit = False
         self.views = None
-        if self.writes == "direct":
+        if self.writes in ("direct", "mapped"):
             raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
             sizes = [t.nbytes for t in manifest.tensors]
             self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
@@ -116,6 +130,11 @@ class Arena:
             for i in range(0, len(experts), self.n_slots):
                 self.at_layer(layer, sorted(experts[i:i + self.n_slots]))
                 self.release()
+
+    def close(self) -> None:
+        """Mapped slot memory goes back to the GPU (the arena's tensors stay valid)."""
+        if self._unmap_host is not None:
+            self._unmap_host()
 
     # ---- residency queries -------------------------------------------------------------
     def published_experts(self, layer: int) -> list[int]:
@@ -167,7 +186,7 @@ class Arena:
         ids from ``landed`` (or after ``flush``): staged reads land then."""
         c = self.counters.row(self.step, layer)
         base = layer * self.E
-        keys = (np.asarray(experts, dtype=np.int64) + base).tolist()
+        keys = [e + base for e in (experts.tolist() if isinstance(experts, np.ndarray) else experts)]
         slots = list(map(self.smap.get, keys))
         for s in slots:  # pin what is mapped before allocating any miss
             if s is not None:

@@ -306,22 +306,45 @@ _MEMCPY_DEFAULT = 4
 _ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: the source is read in stream order
 _HOST = 2  # cudaMemLocationType
 _SET_PREFERRED_LOCATION = 3
+_SET_ACCESSED_BY, _UNSET_ACCESSED_BY = 5, 6  # cudaMemoryAdvise
 _DEVICE = 1  # cudaMemLocationType
 
 
 def _on_gpu(lib, ptr: int, size: int) -> bool:
     """Advise [ptr, ptr + size) (managed memory) to live on GPU 0 and move it there now; False where
     the runtime refuses (then the caller copies on the host)."""
-    p, n, gpu = ctypes.c_void_p(ptr), ctypes.c_size_t(size), _Location(_DEVICE, 0)
+    return _advise(lib, ptr, size, on_host=False, accessed=None)
+
+
+def host_mapped(arrays, on_host=True) -> bool:
+    """Advise the managed memory of ``arrays`` (evaluated MLX arrays) to live on the host, mapped by
+    GPU 0, and move it there now: the host writes it in place and the GPU reads it over the bus, so no
+    page migrates either way (``on_host=False``: back to the GPU, before MLX reuses the memory). False
+    where this is no CUDA build or the runtime refuses."""
+    lib = _cudart() if cuda_available() and mx.default_device() != mx.cpu else None
+    if lib is None:
+        return False
+    views = [memoryview(a).cast("B") for a in arrays]
+    accessed = _SET_ACCESSED_BY if on_host else _UNSET_ACCESSED_BY
+    return all(_advise(lib, address(v), v.nbytes, on_host, accessed) for v in views)
+
+
+def _advise(lib, ptr: int, size: int, on_host: bool, accessed) -> bool:
+    """Preferred location host or GPU 0, ``accessed`` (an AccessedBy advice for GPU 0, or None), then
+    move the pages there; False where the runtime refuses."""
+    p, n, gpu, host = ctypes.c_void_p(ptr), ctypes.c_size_t(size), _Location(_DEVICE, 0), _Location(_HOST, 0)
     version = ctypes.c_int()
     new = lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0 and version.value >= 13000
     advise = lib.cudaMemAdvise if new else getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 13 / 12.2+: locations
     prefetch = lib.cudaMemPrefetchAsync if new else getattr(lib, "cudaMemPrefetchAsync_v2", None)
-    if advise is None or prefetch is None:  # older runtimes take a device id
-        ok = lib.cudaMemAdvise(p, n, _SET_PREFERRED_LOCATION, ctypes.c_int(0)) == 0
-        ok = ok and lib.cudaMemPrefetchAsync(p, n, ctypes.c_int(0), None) == 0
+    if advise is None or prefetch is None:  # older runtimes take a device id (-1: the host)
+        where, gpu = ctypes.c_int(-1 if on_host else 0), ctypes.c_int(0)
+        advise = lambda p, n, what, loc: lib.cudaMemAdvise(p, n, what, loc)  # noqa: E731
+        prefetch = lambda p, n, loc, flags, stream: lib.cudaMemPrefetchAsync(p, n, loc, stream)  # noqa: E731
     else:
-        ok = advise(p, n, _SET_PREFERRED_LOCATION, gpu) == 0 and prefetch(p, n, gpu, ctypes.c_uint(0), None) == 0
+        where = host if on_host else gpu
+    ok = advise(p, n, _SET_PREFERRED_LOCATION, where) == 0 and (accessed is None or advise(p, n, accessed, gpu) == 0)
+    ok = ok and prefetch(p, n, where, ctypes.c_uint(0), None) == 0
     return ok and lib.cudaDeviceSynchronize() == 0
 
 

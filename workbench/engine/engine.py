@@ -106,7 +106,7 @@ class Engine(SpeculativeMixin):
         arena = as_arena(arena)
         if not isinstance(io, IOConfig) or not (ahead is None or isinstance(ahead, AheadConfig)):
             raise TypeError("Engine: io must be an IOConfig and ahead an AheadConfig (workbench.config)")
-        self.reader = self.io = None
+        self.reader = self.io = self.arena = None
         try:
             self._open(store, arena, io, ahead, decode, device, sync_cost, seed, progress)
         except BaseException:
@@ -636,7 +636,7 @@ class Engine(SpeculativeMixin):
         ids = np.array(indices)
         self._selected(layer, ids)
         if ids.size == self.top_k:  # one token: its top-k ids are distinct already
-            wanted, counts = np.sort(ids.reshape(-1)), np.ones(self.top_k, dtype=np.int64)
+            wanted, counts = sorted(ids.reshape(-1).tolist()), None  # a list: numpy's first call after a sync is slow
         else:
             wanted, counts = np.unique(ids, return_counts=True)
         room = self.n_slots - len(self.arena.spec) - len(self.arena.limbo)
@@ -690,6 +690,8 @@ class Engine(SpeculativeMixin):
     def close(self):
         if self.io is not None:
             self.io.close()
+        if self.arena is not None:
+            self.arena.close()
         if self.reader is not None:
             self.reader.close()
 
