@@ -337,10 +337,11 @@ def _advise(lib, ptr: int, size: int, on_host: bool, accessed) -> bool:
     new = lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0 and version.value >= 13000
     advise = lib.cudaMemAdvise if new else getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 13 / 12.2+: locations
     prefetch = lib.cudaMemPrefetchAsync if new else getattr(lib, "cudaMemPrefetchAsync_v2", None)
-    if advise is None or prefetch is None:  # older runtimes take a device id (-1: the host)
-        where, gpu = ctypes.c_int(-1 if on_host else 0), ctypes.c_int(0)
-        advise = lambda p, n, what, loc: lib.cudaMemAdvise(p, n, what, loc)  # noqa: E731
-        prefetch = lambda p, n, loc, flags, stream: lib.cudaMemPrefetchAsync(p, n, loc, stream)  # noqa: E731
+    if advise is None or prefetch is None:  # older runtimes take a device id (-1: the host), and no flags
+        where, gpu, advise = ctypes.c_int(-1 if on_host else 0), ctypes.c_int(0), lib.cudaMemAdvise
+
+        def prefetch(p, n, device, flags, stream):
+            return lib.cudaMemPrefetchAsync(p, n, device, stream)
     else:
         where = host if on_host else gpu
     ok = advise(p, n, _SET_PREFERRED_LOCATION, where) == 0 and (accessed is None or advise(p, n, accessed, gpu) == 0)
