@@ -1,8 +1,9 @@
 """Read path: cold GB/s of the store's blob reads (1/2/4/8 threads) vs a plain sequential read
 of the same file in the same mode, on a store with blobs of 1 MiB or more; and the cost of landing
 a read in a slot that the device then computes on, per slot-write mode (direct: preadv into the
-slot's memory; staged: preadv into a pinned bounce row, then a copy into the slot), one expert
-and a layer's worth of experts per claim, on that store and on the reference model's.
+slot's memory; mapped: the same into slot memory kept on the host and read by the GPU over the bus,
+CUDA; staged: preadv into a pinned bounce row, then a copy into the slot), one expert and a layer's
+worth of experts per claim, on that store and on the reference model's.
 
     python bench/bench_readpath.py [--store DIR] [--device gpu] [--slot-writes-only]
 """
@@ -51,7 +52,7 @@ def slot_writes(store, n=64, reps=3, per_claim=1):
     m = Manifest.load(store)
     layer, k = m.moe_layers[0], per_claim
     rows = []
-    variants = (("direct", None), ("staged", "kernel"), ("staged", "batch"), ("staged", "per tensor"))
+    variants = (("direct", None), ("mapped", None), ("staged", "kernel"), ("staged", "batch"), ("staged", "per tensor"))
     for writes, how in variants:
         reader = BlobReader(store, m, verify="never")
         io = IOScheduler(reader, workers=2, reserved=1)
@@ -80,10 +81,11 @@ def slot_writes(store, n=64, reps=3, per_claim=1):
                 if rep:  # the first pass warms the page cache and the kernels
                     per.append((time.perf_counter() - t0) / (n * k) * 1e6)
         finally:
+            arena.close()
             io.close()
             reader.close()
         if staging is None:
-            label = writes
+            label = arena.writes if arena.writes == writes else f"{writes} (is {arena.writes} here)"
         elif not staging.device_copy:
             label = f"{writes} (host copy)"
         else:

@@ -18,7 +18,7 @@ what=${1:-tests}
 TESTS=${TESTS:-tests/test_engine_exact.py tests/test_policy_layer.py tests/test_hooks_trace.py tests/test_reference_engine.py tests/test_generate.py tests/test_speculative.py}
 if [ "$what" = tests ]; then
   timeout ${PROBE_S:-100} python3 bench/slot_probe.py --device gpu 2>&1 | tee "$OUT/slot_probe.txt"
-  timeout ${TESTS_S:-400} python3 -m pytest $TESTS -q -p no:cacheprovider -o faulthandler_timeout=120 -k "not cli" \
+  timeout ${TESTS_S:-400} python3 -m pytest $TESTS -p no:cacheprovider -o faulthandler_timeout=120 -k "not cli" \
     2>&1 | tee "$OUT/tests.txt" | tail -n 40
   echo "pytest exit status ${PIPESTATUS[0]} (124: ran past TESTS_S)" | tee -a "$OUT/tests.txt"
 fi

@@ -188,6 +188,9 @@ def test_slot_writes_default_by_backend_and_arena_size(tiny):
                 assert _preferred_location(tensor) == (2 if want == "mapped" else 1)
         if cuda:
             assert _preferred_location(tensor) == 1
+    with Engine(store, arena=ArenaConfig("0.25", writes="mapped"), progress=False) as eng:
+        assert eng.arena.writes == ("mapped" if cuda else "direct")  # the mode that runs, in stats too
+        assert eng.generate(PROMPT, max_tokens=2).stats["slot_writes"] == eng.arena.writes
 
 
 def test_controller_probes_less_often_while_probes_lose():

@@ -16,7 +16,7 @@ Slot writes, per backend (``writes``):
            memory (CPU, Metal)
   mapped   direct, with CUDA's managed slot memory advised to live on the host and be mapped by
            the GPU (``staging.host_mapped``): no page migrates, the experts' compute reads the
-           slots over the bus (elsewhere the same as direct)
+           slots over the bus (elsewhere it is direct, and ``writes`` says so)
   staged   reads land in a bounce row of host memory, copied into the slot by the decode thread
            with the next claim's compute (``landed``) or in ``flush`` (``staging``: pinned rows and
            a landing kernel on CUDA, whose managed slot pages would otherwise migrate to the host
@@ -81,13 +81,15 @@ class Arena:
         self.writes = writes or default_writes(full=n_slots >= manifest.n_routed)
         if self.writes not in WRITE_MODES:
             raise ValueError(f"unknown slot write mode {self.writes!r}; valid: {', '.join(WRITE_MODES)}")
+        if self.writes == "mapped" and (mx.default_device() == mx.cpu or mx.metal.is_available()):
+            self.writes = "direct"  # host and device share memory already: mapped is direct here
         self.placeholder = n_slots  # the extra row: zeros, never written
         self.tensors = {}
         if self.writes != "none":
             self.tensors = {t.name: mx.zeros((n_slots + 1, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
             mx.eval(list(self.tensors.values()))
         self._unmap_host = None
-        if self.writes == "mapped" and not (mx.default_device() == mx.cpu or mx.metal.is_available()):
+        if self.writes == "mapped":
             if not host_mapped(list(self.tensors.values())):
                 raise ValueError("slot writes 'mapped': this CUDA runtime refused to keep slot memory on the host; "
                                  "use staged or direct")
