@@ -158,6 +158,7 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
         ar.finish_speculation()
     finally:
         sched.close()
+        ar.close()
         reader.close()
     stats = summarize(counters.totals("decode"))
     med = float(np.median(times)) if times else 0.0
