@@ -76,8 +76,8 @@ def test_oracle_prefetch_removes_sync_misses(store, tmp_path):
 def test_optimistic_decode_reads_the_next_tokens_experts(store, tmp_path, writes):
     """In optimistic decode the planner reads the next token's experts once a token is settled:
     with the oracle (the next step's recorded picks) most claims that were sync misses become
-    prefetch hits, and the output stays exact in both slot-write modes (direct writes never evict
-    a slot that the token already running on the device reads)."""
+    prefetch hits, and the output stays exact in every slot-write mode (direct and mapped writes
+    never evict a slot that the token already running on the device reads)."""
     from workbench.trace.recorder import TraceRecorder
     from workbench.trace.schema import read_trace
 
