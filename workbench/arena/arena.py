@@ -55,11 +55,16 @@ class ArenaError(RuntimeError):
     """The arena cannot serve a request (too small, no eligible victim)."""
 
 
+def _unified_memory() -> bool:
+    """Host and device share memory (CPU, Metal)."""
+    return mx.default_device() == mx.cpu or mx.metal.is_available()
+
+
 def default_writes(full: bool = False) -> str:
     """direct where host and device share memory (CPU, Metal). On CUDA: mapped for an arena that
     holds part of the experts (no landing per read), staged for one that holds them all (its experts
     are then read from GPU memory on every token): bench/RESULTS.md, "ninth pass"."""
-    if mx.default_device() == mx.cpu or mx.metal.is_available():
+    if _unified_memory():
         return "direct"
     return "staged" if full else "mapped"
 
@@ -81,7 +86,7 @@ class Arena:
         self.writes = writes or default_writes(full=n_slots >= manifest.n_routed)
         if self.writes not in WRITE_MODES:
             raise ValueError(f"unknown slot write mode {self.writes!r}; valid: {', '.join(WRITE_MODES)}")
-        if self.writes == "mapped" and (mx.default_device() == mx.cpu or mx.metal.is_available()):
+        if self.writes == "mapped" and _unified_memory():
             self.writes = "direct"  # host and device share memory already: mapped is direct here
         self.placeholder = n_slots  # the extra row: zeros, never written
         self.tensors = {}
@@ -90,11 +95,12 @@ class Arena:
             mx.eval(list(self.tensors.values()))
         self._unmap_host = None
         if self.writes == "mapped":
-            if not host_mapped(list(self.tensors.values())):
+            tensors = list(self.tensors.values())
+            if not host_mapped(tensors):
                 raise ValueError("slot writes 'mapped': this CUDA runtime refused to keep slot memory on the host; "
                                  "use staged or direct")
             # once the arena is closed or gone, the memory goes back to the GPU before MLX reuses it
-            self._unmap_host = weakref.finalize(self, host_mapped, list(self.tensors.values()), False)
+            self._unmap_host = weakref.finalize(self, host_mapped, tensors, False)
             self._unmap_host.atexit = False
         self.views = None
         if self.writes in ("direct", "mapped"):
