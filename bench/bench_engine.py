@@ -132,6 +132,10 @@ def main():
     ap.add_argument("--pipeline", default="engine", help="per-layer decode: start each layer's experts at once "
                     "(on: async_eval) or with the next router sync (off), comma-separated values to compare; default: "
                     "the engine's")
+    ap.add_argument("--handshake", default="engine", help="per-layer decode on CUDA: each layer's ids to the host "
+                    "and slot ids back in the device's stream (token: the whole token launched at once, then answered, "
+                    "the engine's default; layer: each layer launched as it is built) or through a host sync (off), "
+                    "comma-separated values to compare; default: the engine's")
     ap.add_argument("--ahead", default="none", help="read-ahead to compare, comma-separated PREDICTOR:LOOKAHEAD or "
                     "none, e.g. none,layer:1 (exact either way)")
     ap.add_argument("--profile", type=int, default=0, help="also print the N functions with the most host time per "
@@ -151,12 +155,12 @@ def main():
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | model {path.name} | {platform.machine()} {platform.system()} | "
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
     print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
-          "recomp  host-us/layer  engine/floor per rep")
-    combos = [(arena, decode, w, ahead, inline, landing, pipe) for arena in a.arenas.split(",")
+          "recomp  hs-tok  host-us/layer  engine/floor per rep")
+    combos = [(arena, decode, w, ahead, inline, landing, pipe, hs) for arena in a.arenas.split(",")
               for decode in a.decode.split(",") for w in (a.writes.split(",") if a.writes else [None])
               for ahead in a.ahead.split(",") for inline in a.inline_below.split(",") for landing in a.landing.split(",")
-              for pipe in a.pipeline.split(",")]
-    for arena, decode, writes, ahead, inline, landing, pipe in combos:
+              for pipe in a.pipeline.split(",") for hs in a.handshake.split(",")]
+    for arena, decode, writes, ahead, inline, landing, pipe, hs in combos:
             with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, ahead=ahead_config(ahead),
                              progress=False) as eng:
                 if inline != "engine":
@@ -169,6 +173,12 @@ def main():
                     if pipe not in ("on", "off"):
                         raise SystemExit(f"--pipeline {pipe}: use on or off")
                     eng.pipeline = pipe == "on"
+                if hs not in ("engine", "token", "layer", "off"):
+                    raise SystemExit(f"--handshake {hs}: use token, layer or off")
+                if hs == "off":
+                    eng.handshake = None
+                elif hs != "engine" and eng.handshake is not None:
+                    eng.handshake.per_layer = hs == "layer"
                 streamed(eng, prompt, 8)  # warm: page cache and compiled kernels
                 r, f, s, q, stats = [], [], [], [], None
                 for _ in range(a.reps):
@@ -182,16 +192,17 @@ def main():
                 qm = f"{statistics.median(q):7.2f}" if q else "    n/a"
                 label = decode + ("" if ahead == "none" else f"+{ahead}") + ("" if inline == "engine" else f" inline<{inline}")
                 label += "" if pipe == "engine" else f" pipe-{pipe}"
+                label += "" if hs == "engine" else f" hs-{hs}"
                 staging = eng.arena.staging
                 if landing != "engine" and staging is not None and staging.device_copy:
                     label += " kernel" if staging.kernel else " dma"
                 print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
                       f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
-                      f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  "
+                      f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  {stats['handshake_tokens']:5d}  "
                       f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {spread(s, f)}", flush=True)
                 if a.profile:
                     host_profile(eng, prompt, a.tokens, a.profile)
-                if arena == "1.0" and (decode, writes, ahead, inline, landing, pipe) == combos[0][1:]:
+                if arena == "1.0" and (decode, writes, ahead, inline, landing, pipe, hs) == combos[0][1:]:
                     with tempfile.TemporaryDirectory() as d:
                         plain, traced = [], []
                         for i in range(a.reps):

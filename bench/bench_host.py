@@ -1,11 +1,13 @@
 """Where the host time of a per-layer token goes, function by function.
 
     python bench/bench_host.py [--device cpu|gpu] [--arena 0.25] [--tokens 32] [--reps 3] [--pipeline on|off]
+                               [--handshake on|off]
 
 Per-layer decode on the reference model from a one-token prompt (no prefill), with the engine's
 per-layer functions and MLX's eval calls wrapped in timers (about a microsecond each): microseconds
 per MoE layer and calls per layer, nested (``at_layer`` runs inside ``_compute``, the reads inside
-``at_layer``; ``mx.eval`` holds the router sync's wait for the device). The sync floor (resident
+``at_layer``; ``mx.eval`` holds the router sync's wait for the device; with the handshake on CUDA the
+claims run in ``_answer`` inside ``_serve``, which also holds the wait for the device). The sync floor (resident
 mlx-lm with one forced host sync per MoE layer) is timed beside it. cProfile (``bench_engine.py
 --profile``) sees more functions but slows each call several times over.
 """
@@ -61,7 +63,7 @@ def instrument(eng):
     if arena.staging is not None:
         for name in ("take", "_launch"):
             setattr(arena.staging, name, timed("staging." + name, getattr(arena.staging, name)))
-    for name in ("run_experts", "_compute", "_selected"):
+    for name in ("run_experts", "_compute", "_selected", "_serve", "_answer"):
         setattr(eng, name, timed("engine." + name, getattr(eng, name)))
     for cls in (switch_layers.SwitchGLU, switch_layers.SwitchMLP):
         cls.__call__ = timed(f"{cls.__name__} (graph)", cls.__call__)
@@ -75,6 +77,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pipeline", default="on", choices=["on", "off"])
+    ap.add_argument("--handshake", default="on", choices=["on", "off"], help="CUDA: ids through the handshake (on, "
+                    "where it works) or a sync per layer (off)")
     ap.add_argument("--writes", default=None, help="slot writes: direct, mapped or staged (default: the backend's)")
     a = ap.parse_args()
     dev = parse_device(a.device)
@@ -84,6 +88,8 @@ def main():
     with Engine.open(path, arena=ArenaConfig(a.arena, writes=a.writes), decode="layer", progress=False) as eng:
         prompt = eng.encode(workload("code_heldout")[0]["text"])[:1]
         eng.pipeline = a.pipeline == "on"
+        if a.handshake == "off":
+            eng.handshake = None
         eng.generate(prompt, max_tokens=8, progress=False)  # warm: compiled kernels, page cache
         floor = sync_floor_model(path)
         floor_ms = statistics.median(token_ms(generate_step(mx.array(prompt), floor), a.tokens) for _ in range(a.reps))
@@ -95,6 +101,7 @@ def main():
     layers = len(eng.m.moe_layers) * a.tokens * a.reps
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | {platform.machine()} {platform.system()} | mlx {mx.__version__} | "
           f"device {mx.default_device()} | arena {a.arena}, {eng.arena.writes} writes, pipeline {a.pipeline}, "
+          f"handshake {'on' if eng.handshake is not None else 'off'}, "
           f"{a.tokens} tokens x {a.reps} reps")
     print(f"engine {statistics.median(ms):.2f} ms/token, sync floor {floor_ms:.2f} ms/token, engine/floor "
           f"{statistics.median(ms) / floor_ms:.2f}; hit rate {res.stats['hit_rate']:.1%}, "

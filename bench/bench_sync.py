@@ -14,6 +14,9 @@ runs, printed as microseconds per layer above the lazy run and above the forced 
   +kernel       + a custom kernel whose input table is uploaded and whose output is the ids (CUDA only)
   +pinned       the same kernel reading its table from pinned host memory, through an uploaded
                 8-byte address (CUDA only)
+  handshake     no sync: the engine's handshake kernel sends the ids to the host through pinned
+                memory and waits in the device's stream for the slot ids the host writes back, while
+                the host launches the layers after it (workbench/engine/handshake.py; CUDA only)
 """
 
 import argparse
@@ -40,7 +43,7 @@ _PINNED_SOURCE = """
 
 def variants(kernel):
     names = ["lazy", "sync", "+async", "+upload", "+upload+async", "+lookup"]
-    return names + (["+kernel", "+pinned"] if kernel is not None else [])
+    return names + (["+kernel", "+pinned", "handshake"] if kernel is not None else [])
 
 
 def token(x, w, lut, variant, kernel, top_k):
@@ -49,7 +52,10 @@ def token(x, w, lut, variant, kernel, top_k):
         h = mx.tanh(x @ dense)
         idx = mx.argpartition(-(h @ router), kth=top_k - 1, axis=-1)[..., :top_k].reshape(-1)
         slots = idx
-        if variant != "lazy":
+        if variant == "handshake":
+            hs, perm = kernel[3], kernel[4]
+            slots = hs.slots(i, idx)
+        elif variant != "lazy":
             mx.eval(idx)
             ids = np.array(idx)
             if "upload" in variant:
@@ -68,7 +74,15 @@ def token(x, w, lut, variant, kernel, top_k):
         y = (mx.take(experts, slots, axis=0) @ h.reshape(-1, 1)).sum(axis=0).reshape(1, -1)
         if variant.endswith("async"):
             mx.async_eval(y)
+        if variant == "handshake":
+            mx.async_eval(y)
+            hs.launched(y)
+            hs.serve(lambda layer, ids: [perm[e] for e in ids], wait=False)
         x = x + y * 0.01
+    if variant == "handshake":
+        mx.async_eval(x)
+        hs.launched(x)
+        hs.serve(lambda layer, ids: [perm[e] for e in ids], wait=True)
     mx.eval(x)
     return x
 
@@ -104,6 +118,12 @@ def main():
                   mx.fast.cuda_kernel(name="bench_sync_pinned", input_names=["where"], output_names=["out"],
                                       source=_PINNED_SOURCE),
                   pinned_tables(a.layers, a.top_k))
+        from workbench.engine.handshake import Handshake
+
+        hs = Handshake(range(a.layers), a.top_k, placeholder=0)
+        if not hs._self_test():
+            raise SystemExit("the handshake's self-test failed on this device")
+        kernel += (hs, np.random.default_rng(0).permutation(a.experts).tolist())
     mx.random.seed(0)
     d, e = a.hidden, a.experts
     w = [(mx.random.normal((d, d)) / d ** 0.5, mx.random.normal((d, e)), mx.random.normal((e, d, d)) / d ** 0.5)
@@ -117,6 +137,8 @@ def main():
         for n in (names if rep % 2 == 0 else names[::-1]):
             x, per = x0, []
             for _ in range(a.tokens):
+                if n == "handshake":
+                    kernel[3].begin()
                 t = time.perf_counter()
                 x = token(x, w, lut, n, kernel, a.top_k)
                 per.append(time.perf_counter() - t)

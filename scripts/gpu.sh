@@ -7,6 +7,8 @@
 #                               token's host time by function, and one layer's round trip by primitive
 #   bash scripts/gpu.sh nan     the NaN probe (resident mlx-lm and the engine, repeated)
 #   bash scripts/gpu.sh kernels the GPU kernels per decode token, resident mlx-lm vs the engine (needs torch)
+#   bash scripts/gpu.sh handshake  the handshake's tests, its round trip beside a sync, and the engine with it
+#                               (the token launched at once, or each layer as built) and without it
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -21,6 +23,15 @@ if [ "$what" = tests ]; then
   timeout ${TESTS_S:-400} python3 -m pytest $TESTS -p no:cacheprovider -o faulthandler_timeout=120 -k "not cli" \
     2>&1 | tee "$OUT/tests.txt" | tail -n 40
   echo "pytest exit status ${PIPESTATUS[0]} (124: ran past TESTS_S)" | tee -a "$OUT/tests.txt"
+fi
+if [ "$what" = handshake ]; then
+  timeout 240 python3 -m pytest tests/test_engine_exact.py -p no:cacheprovider -o faulthandler_timeout=90 \
+    -k "handshake or one_result or gives_up" 2>&1 | tee "$OUT/hs_tests.txt" | tail -n 5
+  timeout 60 python3 bench/bench_sync.py --device gpu --tokens 32 --reps 3 2>&1 | tee "$OUT/sync.txt" | tail -n 4
+  timeout ${BENCH_S:-200} python3 bench/bench_engine.py --device gpu --tokens ${TOKENS:-48} --reps 3 \
+    --arenas ${ARENAS:-0.25,0.5} --decode layer,auto --handshake token,layer,off 2>&1 | tee "$OUT/hs_ref.txt"
+  [ "${MID:-1}" = 1 ] && timeout ${BENCH_S:-200} python3 bench/bench_engine.py --mid --device gpu --tokens 32 --reps 3 \
+    --arenas 0.25 --decode layer,auto --handshake token,layer,off 2>&1 | tee "$OUT/hs_mid.txt"
 fi
 if [ "$what" = nan ]; then
   timeout 150 python3 bench/nan_probe.py --device gpu --runs 4 --processes 3 --tokens 32 2>&1 | tee "$OUT/nan.txt"

@@ -101,17 +101,21 @@ def test_full_arena_is_preloaded_and_never_syncs_per_layer(tiny):
 def test_optimistic_and_per_layer_decode_are_one_result(tiny, arena):
     """Without read-ahead the two modes run the same arena events in the same order: same tokens,
     log-probs, counters and residency; optimistic decode recomputes where a layer missed. Per-layer
-    decode that leaves each layer's experts to the next sync (``pipeline`` off) is the same run."""
+    decode that leaves each layer's experts to the next sync (``pipeline`` off), and with a sync per
+    layer instead of the handshake (CUDA), is the same run."""
     _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
     out = {}
-    for decode, pipeline in (("optimistic", True), ("layer", True), ("layer", False)):
+    for decode, pipeline, handshake in (("optimistic", True, True), ("layer", True, True), ("layer", False, False)):
         with Engine(store, arena=arena, decode=decode, progress=False) as eng:
             eng.pipeline = pipeline
+            if not handshake:
+                eng.handshake = None  # a sync per layer (the handshake runs on CUDA only)
             out[decode, pipeline] = eng.generate(PROMPT, max_tokens=12)
     opt, lay, unpiped = out["optimistic", True], out["layer", True], out["layer", False]
     assert opt.tokens == lay.tokens == unpiped.tokens
     np.testing.assert_allclose(opt.logprobs, lay.logprobs, atol=TOL)
     np.testing.assert_allclose(unpiped.logprobs, lay.logprobs, atol=TOL)
+    assert unpiped.stats["handshake_tokens"] == 0
     for key in ("hits", "misses", "sync_misses", "evictions", "bytes_read", "residency_hash"):
         assert opt.stats[key] == lay.stats[key] == unpiped.stats[key], key
     assert opt.stats["recomputes"] > 0 and opt.stats["recomputed_layers"] >= opt.stats["recomputes"]
@@ -229,3 +233,63 @@ def test_non_finite_logits_stop_the_run_naming_the_layer(tiny, decode):
             with pytest.raises(EngineError, match="decode step 2: first seen in layer 2's MoE input"):
                 eng.generate(PROMPT, max_tokens=4)
         assert eng.generate(PROMPT, max_tokens=4).tokens == ref
+
+
+def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
+    """On CUDA with slot memory the host writes (direct, mapped), per-layer decode learns each layer's
+    ids through the handshake, with no sync per layer: every decode token, the same tokens, log-probs
+    and residency as a sync per layer. Anything that needs a layer's values on the host while the token
+    runs (a hook, a trace, read-ahead) syncs per layer instead. Elsewhere there is no handshake."""
+    import mlx.core as mx
+
+    from workbench.arena.staging import cuda_available
+    from workbench.hooks import run_with_cache
+
+    model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    ref, ref_lp = resident_greedy(model_dir, PROMPT, 16)
+    cuda = cuda_available() and mx.default_device() != mx.cpu
+    runs = {}
+    for handshake in (True, False):
+        with Engine(store, arena=ArenaConfig("0.3", writes="mapped"), decode="layer", progress=False) as eng:
+            assert (eng.handshake is not None) == cuda
+            if not handshake:
+                eng.handshake = None
+            runs[handshake] = res = eng.generate(PROMPT, max_tokens=16)
+            assert res.tokens == ref
+            np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
+            hooked, _ = run_with_cache(eng, PROMPT, names_filter="layer.*.experts.selected", max_tokens=4)
+            assert hooked.tokens == ref[:4] and hooked.stats["handshake_tokens"] == 0
+    assert runs[True].stats["handshake_tokens"] == (15 if cuda else 0)  # the first decode step syncs
+    np.testing.assert_array_equal(runs[True].logprobs, runs[False].logprobs)  # the same kernels on the same slots
+    for key in ("hits", "misses", "evictions", "bytes_read", "residency_hash"):
+        assert runs[True].stats[key] == runs[False].stats[key], key
+    with Engine(store, arena=ArenaConfig("0.3", writes="staged"), progress=False) as eng:
+        assert eng.handshake is None  # staged reads land with a kernel launched after the claim
+
+
+def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
+    """If the host does not answer in time, the device computes that layer on the placeholder and
+    skips the token's later mailboxes; the engine computes the token again from that layer with a
+    sync per layer, on the slots it answered: the same tokens, log-probs, claims and residency as a
+    sync per layer, with one recompute per token. CUDA only."""
+    import mlx.core as mx
+
+    from workbench.arena.staging import cuda_available
+
+    if not (cuda_available() and mx.default_device() != mx.cpu):
+        pytest.skip("the handshake runs on CUDA only")
+    _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    runs = {}
+    for mode in ("gives up", "sync"):
+        with Engine(store, arena="0.3", decode="layer", progress=False) as eng:
+            if mode == "sync":
+                eng.handshake = None
+            else:
+                eng.handshake.set_timeout(0)  # the device never waits: every token is given up at its first layer
+            runs[mode] = eng.generate(PROMPT, max_tokens=8)
+    gave, sync = runs["gives up"], runs["sync"]
+    assert gave.tokens == sync.tokens
+    np.testing.assert_array_equal(gave.logprobs, sync.logprobs)
+    for key in ("hits", "misses", "evictions", "bytes_read", "residency_hash"):
+        assert gave.stats[key] == sync.stats[key], key
+    assert gave.stats["handshake_tokens"] == 7 and gave.stats["recomputes"] == 7  # from the second decode step

@@ -6,8 +6,9 @@ Definitions (the same everywhere: CLI, --json, notebooks, reports):
   prefetch_hits  claims served by a speculative read: useful_timely (complete) + useful_late (in flight)
   sync_misses    demand reads issued and waited for (``misses`` counts the same reads)
   hit_rate       (hits + prefetch_hits) / lookups
-Decode-mode counters: ``optimistic`` tokens, ``recomputes`` (recovery passes after a miss) and
-``recomputed_layers`` (decoder layers run again).
+Decode-mode counters: ``optimistic`` tokens, ``recomputes`` (recovery passes after a miss),
+``recomputed_layers`` (decoder layers run again) and ``handshake`` tokens (per-layer decode whose
+ids reached the host through the device's stream, not a sync: engine/handshake.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .arena import OUTCOMES
 
 PREFETCH_KEYS = ("issued",) + OUTCOMES
 BASE = ("hits", "misses", "sync_misses", "page_cache_hits", "evictions", "bytes_read", "io_wait_ns", "compute_ns",
-        "predict_ns", "optimistic", "recomputes", "recomputed_layers")
+        "predict_ns", "optimistic", "recomputes", "recomputed_layers", "handshake")
 
 
 class Counters:
@@ -69,4 +70,5 @@ def summarize(tot: dict) -> dict:
         "prefetch": prefetch, "prefetch_bytes": prefetch_bytes,
         "optimistic_tokens": int(tot.get("optimistic", 0)), "recomputes": int(tot.get("recomputes", 0)),
         "recomputed_layers": int(tot.get("recomputed_layers", 0)),
+        "handshake_tokens": int(tot.get("handshake", 0)),
     }

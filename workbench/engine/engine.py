@@ -3,7 +3,9 @@
 Read ``generate`` top to bottom: prefill the prompt, then one token per step. Inside the
 model, every MoE layer calls ``run_experts``: evaluate the router, claim the wanted experts
 in the arena (hits, misses read synchronously, speculation promoted), run the family's own
-expert math on slot ids, schedule read-ahead for later layers, and release. A full arena is
+expert math on slot ids, schedule read-ahead for later layers, and release. On CUDA the
+handshake learns the ids without a sync (``handshake.py``, ``_layer_token``); optimistic
+decode checks a whole token's ids with one sync (``optimistic.py``). A full arena is
 frozen: optimistic tokens then run mlx-lm's own model on views of the slots (``_fast_model``).
 """
 
@@ -35,6 +37,7 @@ from ..sizes import arena_slots
 from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
+from .handshake import Handshake
 from .optimistic import Controller, OptimisticPass, Rewind, can_rewind, first_miss
 from .speculative import SpeculativeMixin
 from .streamed import GateProbe, LayerProbe, MoEProbe, StreamedExperts, get_path, set_path
@@ -146,7 +149,13 @@ class Engine(SpeculativeMixin):
         self.sync_cost = SYNC_COST[backend] if sync_cost is None else float(sync_cost)
         self.pipeline = True  # per-layer decode starts each layer's experts at once (faster on both backends:
         # bench_engine.py --pipeline on,off)
-        self._opt = None
+        self._opt = self._hs = self._resume = None
+        # per-layer decode on CUDA: ids to the host and slot ids back in the device's stream (handshake.py);
+        # the device waits for the host at most 50 ms, or 4x reading a layer's experts at 1 GB/s
+        self.handshake = None
+        if self.arena.writes in ("direct", "mapped"):
+            wait = max(0.05, 4 * self.top_k * self.m.expert_bytes / 1e9)
+            self.handshake = Handshake.create(self.m.moe_layers, self.top_k, self.arena.placeholder, wait)
         warm = self.arena.policy.warm_keys()
         if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
             warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
@@ -323,14 +332,7 @@ class Engine(SpeculativeMixin):
                     y, token = p.y, p.token
                 else:
                     self._begin_step(step, "decode", None)
-                    self._moe_in, self._logits = {}, {}
-                    logits = self.model(y[None], cache=cache)[:, -1, :]
-                    y = self._sample(logits, sampler)
-                    host = np.array(mx.concatenate([y.astype(mx.uint32), _logit_sum(logits)]))  # one transfer
-                    if not _sum_finite(host[1]):
-                        self._check_finite(logits)
-                    self.controller.observe(self._layers_missed())
-                    token = int(host[0])
+                    logits, y, token = self._layer_token(y, cache, sampler)
                 times.append(time.perf_counter() - t0)
                 tokens.append(token)
                 residency.update(self.arena.residency_signature())
@@ -360,6 +362,85 @@ class Engine(SpeculativeMixin):
         if self._tokenizer is not None or isinstance(prompt, str):
             text = self.tokenizer.decode(tokens)
         return Result(tokens, ids, stats, self.counters.frame(), logprobs, text, times)
+
+    def _layer_token(self, y, cache, sampler):
+        """One token of per-layer decode: (logits, the next input, the token). Each MoE layer's ids
+        reach the host through the handshake where it works (``handshake.py``), else through a sync."""
+        self._moe_in, self._logits = {}, {}
+        hs = self.handshake if self._handshake_now() else None
+        if hs is not None:
+            hs.begin()
+            self._hs = self._resume = hs
+            self.counters.row(self.step, self.m.moe_layers[0])["handshake"] += 1
+        try:
+            logits = self.model(y[None], cache=cache)[:, -1, :]
+            nxt, out = self._token_out(logits, sampler)
+            if hs is not None:
+                self._hs = None
+                mx.async_eval(out)
+                hs.launched(out)
+                self._serve(hs, wait=True)
+            host = np.array(out)
+        except BaseException:
+            if hs is not None:
+                hs.abort()  # the device finishes on the placeholder: nothing reads a slot after this
+            raise
+        finally:
+            self._hs = self._resume = None
+        if hs is not None and hs.gave_up() is not None:
+            logits = self._recover(hs, hs.gave_up(), y, cache)
+            nxt, out = self._token_out(logits, sampler)  # a sampled token is drawn again, with the next key
+            host = np.array(out)
+        if not _sum_finite(host[1]):
+            self._check_finite(logits)
+        self.controller.observe(self._layers_missed())
+        return logits, nxt, int(host[0])
+
+    def _token_out(self, logits, sampler):
+        """The next input, and what the host reads of the token in one transfer: the token id and the
+        bits of the logits' sum (finite?)."""
+        nxt = self._sample(logits, sampler)
+        return nxt, mx.concatenate([nxt.astype(mx.uint32), _logit_sum(logits)])
+
+    def _handshake_now(self) -> bool:
+        """The handshake serves a per-layer token when nothing needs the layers' values on the host
+        while the token runs (no hook, trace, read-ahead or cache-aware routing), from the second
+        decode step on: the first loads the decode kernels a process has not used yet, which may
+        wait for the device (it would then give the token up: ``handshake.py``)."""
+        return (self.handshake is not None and self.step > 1 and not self.hooks.active and self.planner is None
+                and self.router is None)
+
+    def _serve(self, hs, wait):
+        waited = hs.serve(self._answer, wait)
+        self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += int(waited * 1e9)
+
+    def _answer(self, layer, ids) -> list:
+        """Per-layer decode's claim of one token's ``ids`` at ``layer``, from the handshake: their
+        slot ids. The slots are released at once: the next claim waits for the next layer's ids,
+        which the device sends only once this layer's experts have run."""
+        table = self.arena.at_layer(layer, sorted(ids))
+        slots = [int(table[e]) for e in ids]
+        self.arena.release()
+        self.arena.after_layer()
+        return slots
+
+    def _recover(self, hs, layer, y, cache):
+        """The device gave up waiting at ``layer`` (``handshake.py``): compute the token again from that
+        layer with a sync per layer; its logits. The layer computes on the slots the host answered (its
+        claim was made once, in order), later layers claim as per-layer decode does: one result."""
+        if not can_rewind(cache):
+            raise EngineError(f"the device gave up waiting for the host at MoE layer {layer} and this model's KV "
+                              "cache cannot roll back to compute the token again; set Engine.handshake = None")
+        c = self.counters.row(self.step, layer)
+        c["recomputes"] += 1
+        c["recomputed_layers"] += len(self.model.layers) - layer
+        hs.start = layer
+        self._resume = hs
+        try:
+            with Rewind(cache, layer):
+                return self.model(y[None], cache=cache)[:, -1, :]
+        finally:
+            self._resume = None
 
     @staticmethod
     def _sample(logits, sampler):
@@ -627,6 +708,15 @@ class Engine(SpeculativeMixin):
     def run_experts(self, layer, inner, x, indices):
         if self._opt is not None:  # optimistic: no sync, ids recorded, misses on the placeholder slot
             return self._opt.experts(layer, inner, x, indices)
+        if self._hs is not None:  # the handshake: the device sends the ids and waits for the slots
+            y = inner(x, self._hs.slots(layer, indices))
+            if self._hs.per_layer:
+                mx.async_eval(y)
+                self._hs.launched(y)
+                self._serve(self._hs, wait=False)  # earlier layers whose ids have arrived
+            return y
+        if self._resume is not None and layer == self._resume.start:  # recovering: claimed once already
+            return inner(x, mx.array(np.array(self._resume.answers[layer], dtype=np.uint32).reshape(indices.shape)))
         c = self.counters.row(self.step, layer)
         target, z = (None, None) if self.planner is None else \
             self.planner.prediction(self, layer, self._moe_in.get(layer), self._logits.get(layer))

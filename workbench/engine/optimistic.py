@@ -67,7 +67,7 @@ class OptimisticPass:
 
     def __init__(self, step, probe=False):
         self.step, self.probe = step, probe  # probe: the controller chose this token to probe optimistic decode
-        self.start = 0  # first decoder layer computed in this pass; earlier ones return saved outputs
+        self.start = 0  # first decoder layer computed in this pass; earlier ones return saved outputs (LayerProbe)
         self.saved: dict[int, object] = {}  # decoder layer -> its output in the latest pass
         self.ids: dict[int, mx.array] = {}  # MoE layer -> expert ids recorded in this pass
         self.lut: dict[int, mx.array] = {}  # MoE layer -> expert->slot row on the device (Arena.device_lut)
@@ -76,13 +76,6 @@ class OptimisticPass:
         self.logits: dict[int, mx.array] = {}  # MoE layer -> router logits (lazy), for traces and hooks
         self.moe_in: dict[int, mx.array] = {}
         self.attempt = 0  # recomputes so far
-
-    def layer(self, index, layer, x, args, kwargs):
-        if index < self.start:
-            return self.saved[index]
-        out = layer(x, *args, **kwargs)
-        self.saved[index] = out
-        return out
 
     def experts(self, layer, inner, x, indices):
         self.ids[layer] = indices

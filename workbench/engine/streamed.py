@@ -63,15 +63,18 @@ class GateProbe(_Delegating):
 
 
 class LayerProbe(_Delegating):
-    """Wraps a decoder layer: lets verified optimistic decode skip layers whose output it already
-    has (a recompute after a miss starts at the missed layer) and record what it computed;
-    models read layer attributes (e.g. is_linear, layer_type) through it."""
+    """Wraps a decoder layer: lets verified optimistic decode and the handshake skip layers whose
+    output they already have (a recompute starts at the layer that missed or was given up) and
+    record what they computed; models read layer attributes (e.g. is_linear, layer_type) through it."""
 
     def __call__(self, x, *args, **kwargs):
-        opt = self._engine._opt
-        if opt is None:
+        p = self._engine._opt or self._engine._resume  # a pass with ``start`` and ``saved`` outputs, or None
+        if p is None:
             return self.inner(x, *args, **kwargs)
-        return opt.layer(self._index, self.inner, x, args, kwargs)
+        if self._index < p.start:
+            return p.saved[self._index]
+        out = p.saved[self._index] = self.inner(x, *args, **kwargs)
+        return out
 
 
 def get_path(root, path: str):
