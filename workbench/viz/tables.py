@@ -41,8 +41,9 @@ def summary_table(s: dict) -> str:
         ("io wait / compute", f"{s['io_wait_s']:.3f} s / {s['compute_s']:.3f} s"),
         ("prefetch", ", ".join(f"{k} {v}" for k, v in pf.items())),
         ("decode", f"{s.get('optimistic_tokens', 0)} of {s['tokens']} tokens optimistic (one sync each), "
-                   f"{s.get('handshake_tokens', 0)} through the handshake (no sync per layer), "
-                   f"{s.get('recomputes', 0)} recomputes over {s.get('recomputed_layers', 0)} layers"),
+                   + (f"{s['handshake_tokens']} through the handshake (no sync per layer), "
+                      if s.get("handshake_tokens") else "")
+                   + f"{s.get('recomputes', 0)} recomputes over {s.get('recomputed_layers', 0)} layers"),
         ("prefill", f"hits {s['prefill']['hits']}, misses {s['prefill']['misses']}, "
                     f"{s['prefill']['bytes_read'] / 1e6:.2f} MB"),
         ("residency hash", s["residency_hash"]),
