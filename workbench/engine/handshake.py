@@ -212,13 +212,18 @@ class Handshake:
         return None
 
     def abort(self) -> None:
-        """Answer every open mailbox with the placeholder, then wait for the device: nothing launched
-        still reads a slot afterwards."""
+        """End the token after an error: answer the mailbox the device waits at (if any) with the
+        placeholder, then wait for the device, so nothing launched still reads a slot afterwards. A
+        launched kernel that has not reached its mailbox yet gives the token up when it does (the
+        rest are void); one never launched never runs. The host answers only tickets the device has
+        shown (the answer never runs ahead of the device's ticket), so no later token can find an
+        answer waiting for it."""
         while self.queue:
             layer, ticket = self.queue.popleft()
             off = self.box[layer]
-            self.words[off + _HEAD + self.k:off + _HEAD + 2 * self.k] = self.words[off + _PLACEHOLDER]
-            self.words[off + _DONE] = ticket
+            if self.words[off + _READY] == ticket:
+                self.words[off + _HEAD + self.k:off + _HEAD + 2 * self.k] = self.words[off + _PLACEHOLDER]
+                self.words[off + _DONE] = ticket
         if self.last is not None:
             mx.eval(self.last)
             self.last = None
