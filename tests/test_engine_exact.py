@@ -237,9 +237,10 @@ def test_non_finite_logits_stop_the_run_naming_the_layer(tiny, decode):
 
 def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
     """On CUDA with slot memory the host writes (direct, mapped), per-layer decode learns each layer's
-    ids through the handshake, with no sync per layer: every decode token, the same tokens, log-probs
-    and residency as a sync per layer. Anything that needs a layer's values on the host while the token
-    runs (a hook, a trace, read-ahead) syncs per layer instead. Elsewhere there is no handshake."""
+    ids through the handshake, with no sync per layer: every decode token after the first, the same
+    tokens, log-probs and residency as a sync per layer. Anything that needs a layer's values on the
+    host while the token runs (a hook, a trace, read-ahead) syncs per layer instead. Elsewhere there is
+    no handshake."""
     import mlx.core as mx
 
     from workbench.arena.staging import cuda_available

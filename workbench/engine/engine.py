@@ -387,8 +387,9 @@ class Engine(SpeculativeMixin):
             raise
         finally:
             self._hs = self._resume = None
-        if hs is not None and hs.gave_up() is not None:
-            logits = self._recover(hs, hs.gave_up(), y, cache)
+        gave_up = None if hs is None else hs.gave_up()
+        if gave_up is not None:
+            logits = self._recover(hs, gave_up, y, cache)
             nxt, out = self._token_out(logits, sampler)  # a sampled token is drawn again, with the next key
             host = np.array(out)
         if not _sum_finite(host[1]):
