@@ -236,34 +236,41 @@ def test_non_finite_logits_stop_the_run_naming_the_layer(tiny, decode):
 
 
 def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
-    """On CUDA with slot memory the host writes (direct, mapped), per-layer decode learns each layer's
-    ids through the handshake, with no sync per layer: every decode token after the first, the same
-    tokens, log-probs and residency as a sync per layer. Anything that needs a layer's values on the
-    host while the token runs (a hook, a trace, read-ahead) syncs per layer instead. Elsewhere there is
-    no handshake."""
+    """On CUDA, per-layer decode learns each layer's ids through the handshake, with no sync per
+    layer, with slot memory the host writes (direct, mapped), with or without read-ahead (the
+    planner's prediction travels with the ids): every decode token after the first, the same tokens,
+    log-probs, claims, read-ahead and residency as a sync per layer. Anything that needs a layer's
+    values on the host while the token runs (a hook, a trace) syncs per layer instead; so do staged
+    writes. Elsewhere there is no handshake."""
     import mlx.core as mx
 
     from workbench.arena.staging import cuda_available
+    from workbench.config import AheadConfig
     from workbench.hooks import run_with_cache
 
     model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 16)
     cuda = cuda_available() and mx.default_device() != mx.cpu
-    runs = {}
-    for handshake in (True, False):
-        with Engine(store, arena=ArenaConfig("0.3", writes="mapped"), decode="layer", progress=False) as eng:
-            assert (eng.handshake is not None) == cuda
-            if not handshake:
-                eng.handshake = None
-            runs[handshake] = res = eng.generate(PROMPT, max_tokens=16)
-            assert res.tokens == ref
-            np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
-            hooked, _ = run_with_cache(eng, PROMPT, names_filter="layer.*.experts.selected", max_tokens=4)
-            assert hooked.tokens == ref[:4] and hooked.stats["handshake_tokens"] == 0
-    assert runs[True].stats["handshake_tokens"] == (15 if cuda else 0)  # the first decode step syncs
-    np.testing.assert_array_equal(runs[True].logprobs, runs[False].logprobs)  # the same kernels on the same slots
-    for key in ("hits", "misses", "evictions", "bytes_read", "residency_hash"):
-        assert runs[True].stats[key] == runs[False].stats[key], key
+    for ahead in (None, "layer", "prev"):
+        runs = {}
+        ahead = ahead and AheadConfig(predictor=ahead, lookahead=1)
+        for handshake in (True, False):
+            with Engine(store, arena=ArenaConfig("0.3", writes="mapped"), decode="layer", ahead=ahead,
+                        progress=False) as eng:
+                assert (eng.handshake is not None) == cuda
+                if not handshake:
+                    eng.handshake = None
+                runs[handshake] = res = eng.generate(PROMPT, max_tokens=16)
+                assert res.tokens == ref, ahead
+                np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL, err_msg=str(ahead))
+                hooked, _ = run_with_cache(eng, PROMPT, names_filter="layer.*.experts.selected", max_tokens=4)
+                assert hooked.tokens == ref[:4] and hooked.stats["handshake_tokens"] == 0
+        assert runs[True].stats["handshake_tokens"] == (15 if cuda else 0)  # the first decode step syncs
+        np.testing.assert_array_equal(runs[True].logprobs, runs[False].logprobs)  # same kernels, same slots
+        for key in ("hits", "misses", "evictions", "residency_hash") + (("bytes_read",) if ahead is None else ()):
+            assert runs[True].stats[key] == runs[False].stats[key], (ahead, key)
+        assert runs[True].stats["prefetch"]["issued"] == runs[False].stats["prefetch"]["issued"]
+        assert (runs[True].stats["prefetch"]["issued"] > 0) == (ahead is not None)
     with Engine(store, arena=ArenaConfig("0.3", writes="staged"), progress=False) as eng:
         assert eng.handshake is None  # staged reads land with a kernel launched after the claim
 

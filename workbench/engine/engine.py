@@ -153,9 +153,10 @@ class Engine(SpeculativeMixin):
         # per-layer decode on CUDA: ids to the host and slot ids back in the device's stream (handshake.py);
         # the device waits for the host at most 50 ms, or 4x reading a layer's experts at 1 GB/s
         self.handshake = None
-        if self.arena.writes in ("direct", "mapped"):
+        if self.arena.writes in ("direct", "mapped"):  # staged reads land by a kernel after the claim: a sync
             wait = max(0.05, 4 * self.top_k * self.m.expert_bytes / 1e9)
-            self.handshake = Handshake.create(self.m.moe_layers, self.top_k, self.arena.placeholder, wait)
+            self.handshake = Handshake.create(self.m.moe_layers, self.top_k, self.arena.placeholder, wait,
+                                              extra=self.m.n_experts)  # the planner's prediction: a router's logits
         warm = self.arena.policy.warm_keys()
         if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
             warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
@@ -405,22 +406,28 @@ class Engine(SpeculativeMixin):
 
     def _handshake_now(self) -> bool:
         """The handshake serves a per-layer token when nothing needs the layers' values on the host
-        while the token runs (no hook, trace, read-ahead or cache-aware routing), from the second
-        decode step on: the first loads the decode kernels a process has not used yet, which may
-        wait for the device (it would then give the token up: ``handshake.py``)."""
-        return (self.handshake is not None and self.step > 1 and not self.hooks.active and self.planner is None
-                and self.router is None)
+        while the token runs (no hook, trace or cache-aware routing; the read-ahead planner's
+        prediction travels with the ids), from the second decode step on: the first loads the decode
+        kernels a process has not used yet, which may wait for the device (it would then give the
+        token up: ``handshake.py``)."""
+        return self.handshake is not None and self.step > 1 and not self.hooks.active and self.router is None
 
     def _serve(self, hs, wait):
         waited = hs.serve(self._answer, wait)
         self.counters.row(self.step, self.m.moe_layers[0])["compute_ns"] += int(waited * 1e9)
 
-    def _answer(self, layer, ids) -> list:
-        """Per-layer decode's claim of one token's ``ids`` at ``layer``, from the handshake: their
-        slot ids. The slots are released at once: the next claim waits for the next layer's ids,
-        which the device sends only once this layer's experts have run."""
+    def _answer(self, layer, ids, z) -> list:
+        """Per-layer decode's claim of one token's ``ids`` at ``layer``, from the handshake, with the
+        planner's read-ahead (``z``: its prediction's values, sent with the ids): their slot ids. The
+        slots are released at once: the next claim waits for the next layer's ids, which the device
+        sends only once this layer's experts have run."""
+        if self.planner is not None:
+            self._selected(layer, np.array(ids).reshape(1, 1, -1))
         table = self.arena.at_layer(layer, sorted(ids))
         slots = [int(table[e]) for e in ids]
+        if self.planner is not None:
+            target, host_z = self.handshake.plans.pop(layer)
+            self.planner.after_layer(self, layer, target, host_z if z is None else z.reshape(1, -1))
         self.arena.release()
         self.arena.after_layer()
         return slots
@@ -709,8 +716,10 @@ class Engine(SpeculativeMixin):
     def run_experts(self, layer, inner, x, indices):
         if self._opt is not None:  # optimistic: no sync, ids recorded, misses on the placeholder slot
             return self._opt.experts(layer, inner, x, indices)
-        if self._hs is not None:  # the handshake: the device sends the ids and waits for the slots
-            y = inner(x, self._hs.slots(layer, indices))
+        if self._hs is not None:  # the handshake: the device sends the ids (and the prediction), waits for the slots
+            target, z = self._predict(layer)
+            self._hs.plans[layer] = target, z
+            y = inner(x, self._hs.slots(layer, indices, z if isinstance(z, mx.array) else None))
             if self._hs.per_layer:
                 mx.async_eval(y)
                 self._hs.launched(y)
@@ -719,8 +728,7 @@ class Engine(SpeculativeMixin):
         if self._resume is not None and layer == self._resume.start:  # recovering: claimed once already
             return inner(x, mx.array(np.array(self._resume.answers[layer], dtype=np.uint32).reshape(indices.shape)))
         c = self.counters.row(self.step, layer)
-        target, z = (None, None) if self.planner is None else \
-            self.planner.prediction(self, layer, self._moe_in.get(layer), self._logits.get(layer))
+        target, z = self._predict(layer)
         t0 = time.perf_counter_ns()
         mx.eval(indices, *([z] if isinstance(z, mx.array) else []))  # one sync: the route and the prediction
         c["compute_ns"] += time.perf_counter_ns() - t0
@@ -748,6 +756,12 @@ class Engine(SpeculativeMixin):
         self.arena.release()
         self.arena.after_layer()
         return y
+
+    def _predict(self, layer):
+        """The planner's (target layer, lazy logits to rank there) at ``layer``, or (None, None)."""
+        if self.planner is None:
+            return None, None
+        return self.planner.prediction(self, layer, self._moe_in.get(layer), self._logits.get(layer))
 
     def _compute(self, layer, inner, x, ids, waves, c):
         """Run the layer's experts, wave by wave; the last wave's slots stay pinned (the caller

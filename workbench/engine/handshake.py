@@ -27,7 +27,8 @@ Memory: a control block (the host's token number; the token the device gave up o
 mailbox of ``stride`` uint64 words per MoE layer: the device's ticket (how many times the kernel
 ran for this layer), the host's answer (the ticket it answered), the ticket the device gave up on,
 the placeholder slot, the wait in ns, the control block's address, the ticket it skipped (void),
-then the ids and the slot ids.
+then the ids, the slot ids and the layer's *extra* values (float32 bits: the read-ahead planner's
+prediction, so read-ahead needs no sync either).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ _SOURCE = """
         return;
     }
     if (t < K) box[8 + t] = (unsigned long long)ids[t];
+    for (int i = t; i < X; i += blockDim.x) box[8 + 2 * K + i] = (unsigned long long)__float_as_uint(extra[i]);
     __threadfence_system();
     __syncthreads();
     if (t == 0) {
@@ -107,10 +109,10 @@ class Handshake:
     """The mailboxes of one engine (one per MoE layer, plus one for the self-test), the kernel, and
     the state of the token in flight."""
 
-    def __init__(self, layers, top_k, placeholder, timeout_s=0.05):
-        self.k = top_k
+    def __init__(self, layers, top_k, placeholder, timeout_s=0.05, extra=0):
+        self.k, self.n_extra = top_k, extra  # extra: at most this many float32 values travel with a layer's ids
         self.host_timeout = HOST_TIMEOUT_S
-        self.stride = -(-(_HEAD + 2 * top_k) // 16) * 16  # words; a mailbox starts on 128 bytes
+        self.stride = -(-(_HEAD + 2 * top_k + extra) // 16) * 16  # words; a mailbox starts on 128 bytes
         names = list(layers) + ["probe"]
         self.memory = _Pinned(_cudart(), (len(names) + 1) * self.stride * 8)
         self.words = np.frombuffer(self.memory.buffer, dtype=np.uint64)
@@ -124,7 +126,8 @@ class Handshake:
         self.set_timeout(timeout_s)
         mx.eval(list(self.where.values()))
         self.threads = max(32, -(-top_k // 32) * 32)
-        self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at"],
+        self.no_extra = mx.zeros((1,), dtype=mx.float32)
+        self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at", "extra"],
                                           output_names=["out"], source=_SOURCE, header=_HEADER)
         self.per_layer = False  # True: launch each layer as it is built; False: the whole token at once (faster:
         # bench/RESULTS.md, tenth pass)
@@ -132,12 +135,12 @@ class Handshake:
         self.begin()
 
     @classmethod
-    def create(cls, layers, top_k, placeholder, timeout_s=0.05) -> "Handshake | None":
+    def create(cls, layers, top_k, placeholder, timeout_s=0.05, extra=0) -> "Handshake | None":
         """A working handshake on this backend, or None (not CUDA, or the self-test failed)."""
         if not cuda_available() or mx.default_device() == mx.cpu:
             return None
         try:
-            hs = cls(layers, top_k, placeholder, timeout_s)
+            hs = cls(layers, top_k, placeholder, timeout_s, extra)
             if hs._self_test():
                 return hs
             why = "its round trip came back wrong"
@@ -160,16 +163,24 @@ class Handshake:
         self.queue: deque = deque()  # launched layers not answered yet, in order: (layer, ticket)
         self.tickets: dict = {}  # layer -> the ticket its kernel takes in this token
         self.answers: dict = {}  # layer -> the slot ids the host answered
+        self.extras: dict = {}  # layer -> how many extra values its kernel sends
+        self.plans: dict = {}  # layer -> what the engine's claim needs besides the ids (its read-ahead plan)
         self.saved: dict = {}  # decoder layer -> its output in this token (LayerProbe; a recovery starts from one)
         self.start = 0  # first decoder layer computed: earlier ones return saved outputs (recovery)
         self.void = False  # the device gave this token up: later layers have no ids
         self.last = None  # the latest output launched (abort waits for it)
 
-    def slots(self, layer, indices) -> mx.array:
-        """``indices``' slot ids as the device will have them once the host answered ``layer``."""
+    def slots(self, layer, indices, extra=None) -> mx.array:
+        """``indices``' slot ids as the device will have them once the host answered ``layer``; the
+        host's claim also receives ``extra`` (at most ``n_extra`` values, as float32)."""
         ticket = int(self.words[self.box[layer] + _READY]) + 1  # no kernel of this layer is in flight now
         self.tickets[layer] = ticket
-        out = self.kernel(inputs=[indices.astype(mx.uint32), self.where[layer]], template=[("K", self.k)],
+        extra = self.no_extra if extra is None else extra.reshape(-1).astype(mx.float32)
+        n = self.extras[layer] = 0 if extra is self.no_extra else extra.size
+        if n > self.n_extra:
+            raise ValueError(f"the handshake carries at most {self.n_extra} extra values, not {n}")
+        out = self.kernel(inputs=[indices.astype(mx.uint32), self.where[layer], extra],
+                          template=[("K", self.k), ("X", n)],
                           grid=(self.threads, 1, 1), threadgroup=(self.threads, 1, 1),
                           output_shapes=[indices.shape], output_dtypes=[mx.uint32])[0]
         self.queue.append((layer, ticket))
@@ -181,7 +192,8 @@ class Handshake:
 
     def serve(self, claim, wait: bool) -> float:
         """Answer the queued layers whose ids have arrived, in order (all of them with ``wait``):
-        ``claim(layer, ids) -> slot ids``. Returns the seconds spent waiting for the device."""
+        ``claim(layer, ids, extra) -> slot ids`` (extra: the layer's float32 values, or None).
+        Returns the seconds spent waiting for the device."""
         waited = 0.0
         while self.queue:
             layer, ticket = self.queue[0]
@@ -197,7 +209,9 @@ class Handshake:
                 self.void = True
                 continue
             ids = self.words[off + _HEAD:off + _HEAD + self.k].tolist()
-            self.answers[layer] = slots = claim(layer, ids)
+            n, at = self.extras[layer], off + _HEAD + 2 * self.k
+            extra = self.words[at:at + n].astype(np.uint32).view(np.float32) if n else None
+            self.answers[layer] = slots = claim(layer, ids, extra)
             self.words[off + _HEAD + self.k:off + _HEAD + 2 * self.k] = slots
             self.words[off + _DONE] = ticket
             self.queue.popleft()
@@ -234,7 +248,7 @@ class Handshake:
         spins = 0
         while self.words[off + _READY] != ticket:
             spins += 1
-            if spins % 4096 == 0:
+            if spins % 256 == 0:
                 time.sleep(0)  # let other threads (I/O workers) take the interpreter
                 if time.perf_counter() - t0 > self.host_timeout:
                     raise HandshakeError(f"the device did not reach MoE layer {layer}'s handshake in "
@@ -242,22 +256,33 @@ class Handshake:
         return time.perf_counter() - t0
 
     def _self_test(self) -> bool:
-        """One round trip through the probe mailbox, the host answering ids + 1; then one the device
-        gives up on (a zero wait), which must come back as the placeholder and void the token."""
+        """One round trip through the probe mailbox, the host answering ids + 1 (and receiving the
+        extra values); then one without extra values that the device gives up on (a zero wait), which
+        must come back as the placeholder and void the token. Both kernels are compiled here, not while
+        the device waits for the host."""
         placeholder = int(self.words[self.box["probe"] + _PLACEHOLDER])
         ids = mx.array(np.arange(self.k, dtype=np.uint32).reshape(1, 1, -1) * 3 + 1)
         want = np.array(ids).reshape(-1) + 1
+        extra = mx.arange(self.n_extra, dtype=mx.float32) / 3 - 1 if self.n_extra else None
+        sent = []
+
+        def claim(layer, got, values):
+            sent.append(values)
+            return [e + 1 for e in got]
+
         limit = int(self.words[self.box["probe"] + _LIMIT])
         self.host_timeout = 20.0
         try:
             for wait_ns, expect in ((limit, want), (0, np.full(self.k, placeholder))):
                 self.begin()
                 self.words[self.box["probe"] + _LIMIT] = wait_ns
-                out = self.slots("probe", ids) * 2
+                out = self.slots("probe", ids, extra if wait_ns else None) * 2
                 mx.async_eval(out)
                 self.launched(out)
                 if wait_ns:
-                    self.serve(lambda layer, got: [e + 1 for e in got], wait=True)
+                    self.serve(claim, wait=True)
+                    if extra is not None and not np.array_equal(sent[0], np.array(extra)):
+                        return False
                 if not np.array_equal(np.array(out).reshape(-1), expect * 2):
                     return False
                 if (self.gave_up() == "probe") != (wait_ns == 0):
