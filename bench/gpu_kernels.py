@@ -1,6 +1,7 @@
 """What the GPU runs per decode token: resident mlx-lm, the sync floor and the engine, side by side.
 
     python bench/gpu_kernels.py [--model DIR | --mid] [--tokens 32] [--arenas 1.0,0.25] [--decode auto,layer]
+                                [--writes staged,mapped]
 
 CUDA only: kernels and copies are recorded through CUPTI (torch.profiler, which sees every
 kernel of the process, MLX's included). Per row: wall ms per token, kernels per token, the GPU's
@@ -65,6 +66,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--arenas", default="1.0,0.25")
     ap.add_argument("--decode", default="auto,layer")
+    ap.add_argument("--writes", default=None, help="slot write modes to compare, e.g. staged,mapped (default: the "
+                    "backend's)")
     ap.add_argument("--top", type=int, default=12)
     a = ap.parse_args()
     try:
@@ -86,19 +89,20 @@ def main():
     for label, m in (("resident mlx-lm", model), ("sync floor", floor)):
         resident(m)(n)
         report(label, *kernels(resident(m), n), a.top)
-    for arena in a.arenas.split(","):
-        for decode in a.decode.split(","):
-            with Engine.open(path, arena=ArenaConfig(arena), decode=decode, progress=False) as eng:
-                def run(tokens):
-                    r = eng.generate(prompt, max_tokens=tokens, progress=False)
-                    if tokens == n:
-                        run.stats = r.stats
-                run(n)
-                wall, rows = kernels(run, n)
-                s = run.stats
-                report(f"engine {arena} {decode} ({eng.arena.writes})", wall, rows, a.top)
-                print(f"    hit rate {s['hit_rate']:.1%}, distinct {s['distinct_tokens']}/{s['tokens']}, "
-                      f"optimistic {s['optimistic_tokens']}, recomputes {s['recomputes']}", flush=True)
+    combos = [(arena, decode, w) for arena in a.arenas.split(",") for decode in a.decode.split(",")
+              for w in (a.writes.split(",") if a.writes else [None])]
+    for arena, decode, writes in combos:
+        with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, progress=False) as eng:
+            def run(tokens):
+                r = eng.generate(prompt, max_tokens=tokens, progress=False)
+                if tokens == n:
+                    run.stats = r.stats
+            run(n)
+            wall, rows = kernels(run, n)
+            s = run.stats
+            report(f"engine {arena} {decode} ({eng.arena.writes})", wall, rows, a.top)
+            print(f"    hit rate {s['hit_rate']:.1%}, distinct {s['distinct_tokens']}/{s['tokens']}, "
+                  f"optimistic {s['optimistic_tokens']}, recomputes {s['recomputes']}", flush=True)
 
 
 if __name__ == "__main__":
