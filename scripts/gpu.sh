@@ -9,6 +9,8 @@
 #   bash scripts/gpu.sh kernels the GPU kernels per decode token, resident mlx-lm vs the engine (needs torch)
 #   bash scripts/gpu.sh handshake  the handshake's tests, its round trip beside a sync, and the engine with it
 #                               (the token launched at once, or each layer as built) and without it
+#   bash scripts/gpu.sh writes  slot writes staged against mapped at 25%: the handshake's tests, the GPU's kernels
+#                               per mid token, and the engine on the mid-size and the reference model
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -32,6 +34,16 @@ if [ "$what" = handshake ]; then
     --arenas ${ARENAS:-0.25,0.5} --decode layer,auto --handshake token,layer,off 2>&1 | tee "$OUT/hs_ref.txt"
   [ "${MID:-1}" = 1 ] && timeout ${BENCH_S:-200} python3 bench/bench_engine.py --mid --device gpu --tokens 32 --reps 3 \
     --arenas 0.25 --decode layer,auto --handshake token,layer,off 2>&1 | tee "$OUT/hs_mid.txt"
+fi
+if [ "$what" = writes ]; then
+  timeout 200 python3 -m pytest tests/test_engine_exact.py -p no:cacheprovider -o faulthandler_timeout=90 \
+    -k "handshake or gives_up" 2>&1 | tee "$OUT/hs_tests.txt" | tail -n 5
+  timeout 150 python3 bench/gpu_kernels.py --mid --tokens 16 --arenas 0.25 --decode layer --writes staged,mapped \
+    --top 6 2>&1 | tee "$OUT/kernels_writes.txt"
+  timeout 150 python3 bench/bench_engine.py --mid --device gpu --tokens 24 --reps 3 --arenas 0.25 --decode layer \
+    --writes staged,mapped 2>&1 | tee "$OUT/writes_mid.txt"
+  timeout 120 python3 bench/bench_engine.py --device gpu --tokens 32 --reps 3 --arenas 0.25,1.0 --decode layer \
+    --writes staged,mapped 2>&1 | tee "$OUT/writes_ref.txt"
 fi
 if [ "$what" = nan ]; then
   timeout 150 python3 bench/nan_probe.py --device gpu --runs 4 --processes 3 --tokens 32 2>&1 | tee "$OUT/nan.txt"
