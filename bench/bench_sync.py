@@ -48,12 +48,16 @@ def variants(kernel):
 
 def token(x, w, lut, variant, kernel, top_k):
     """One stand-in decode token through ``len(w)`` layers with ``variant`` per layer; evaluated."""
+    if variant == "handshake":
+        hs, perm = kernel[3], kernel[4]
+
+        def claim(layer, ids, extra):  # the host's answer: a fixed expert -> slot permutation
+            return [perm[e] for e in ids]
     for i, (dense, router, experts) in enumerate(w):
         h = mx.tanh(x @ dense)
         idx = mx.argpartition(-(h @ router), kth=top_k - 1, axis=-1)[..., :top_k].reshape(-1)
         slots = idx
         if variant == "handshake":
-            hs, perm = kernel[3], kernel[4]
             slots = hs.slots(i, idx)
         elif variant != "lazy":
             mx.eval(idx)
@@ -77,12 +81,12 @@ def token(x, w, lut, variant, kernel, top_k):
         if variant == "handshake":
             mx.async_eval(y)
             hs.launched(y)
-            hs.serve(lambda layer, ids: [perm[e] for e in ids], wait=False)
+            hs.serve(claim, wait=False)
         x = x + y * 0.01
     if variant == "handshake":
         mx.async_eval(x)
         hs.launched(x)
-        hs.serve(lambda layer, ids: [perm[e] for e in ids], wait=True)
+        hs.serve(claim, wait=True)
     mx.eval(x)
     return x
 

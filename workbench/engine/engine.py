@@ -150,6 +150,7 @@ class Engine(SpeculativeMixin):
         self.pipeline = True  # per-layer decode starts each layer's experts at once (faster on both backends:
         # bench_engine.py --pipeline on,off)
         self._opt = self._hs = self._resume = None
+        self._plans = {}  # handshake tokens: MoE layer -> the planner's (target layer, prediction), for its claim
         # per-layer decode on CUDA: ids to the host and slot ids back in the device's stream (handshake.py);
         # the device waits for the host at most 50 ms, or 4x reading a layer's experts at 1 GB/s
         self.handshake = None
@@ -367,7 +368,7 @@ class Engine(SpeculativeMixin):
     def _layer_token(self, y, cache, sampler):
         """One token of per-layer decode: (logits, the next input, the token). Each MoE layer's ids
         reach the host through the handshake where it works (``handshake.py``), else through a sync."""
-        self._moe_in, self._logits = {}, {}
+        self._moe_in, self._logits, self._plans = {}, {}, {}
         hs = self.handshake if self._handshake_now() else None
         if hs is not None:
             hs.begin()
@@ -435,7 +436,7 @@ class Engine(SpeculativeMixin):
         table = self.arena.at_layer(layer, sorted(ids))
         slots = [int(table[e]) for e in ids]
         if self.planner is not None:
-            target, host_z = self.handshake.plans.pop(layer)
+            target, host_z = self._plans.pop(layer, (None, None))
             self.planner.after_layer(self, layer, target, host_z if z is None else z.reshape(1, -1))
         self.arena.release()
         self.arena.after_layer()
@@ -727,7 +728,8 @@ class Engine(SpeculativeMixin):
             return self._opt.experts(layer, inner, x, indices)
         if self._hs is not None:  # the handshake: the device sends the ids (and the prediction), waits for the slots
             target, z = self._predict(layer)
-            self._hs.plans[layer] = target, z
+            if target is not None:
+                self._plans[layer] = target, z
             y = inner(x, self._hs.slots(layer, indices, z if isinstance(z, mx.array) else None))
             if self._hs.per_layer:
                 mx.async_eval(y)

@@ -164,7 +164,6 @@ class Handshake:
         self.tickets: dict = {}  # layer -> the ticket its kernel takes in this token
         self.answers: dict = {}  # layer -> the slot ids the host answered
         self.extras: dict = {}  # layer -> how many extra values its kernel sends
-        self.plans: dict = {}  # layer -> what the engine's claim needs besides the ids (its read-ahead plan)
         self.saved: dict = {}  # decoder layer -> its output in this token (LayerProbe; a recovery starts from one)
         self.start = 0  # first decoder layer computed: earlier ones return saved outputs (recovery)
         self.void = False  # the device gave this token up: later layers have no ids
