@@ -138,6 +138,8 @@ def main():
                     "comma-separated values to compare; default: the engine's")
     ap.add_argument("--ahead", default="none", help="read-ahead to compare, comma-separated PREDICTOR:LOOKAHEAD or "
                     "none, e.g. none,layer:1 (exact either way)")
+    ap.add_argument("--trace-at", default="1.0", help="arenas where the first combination also times a full trace "
+                    "recorder against the untraced run, e.g. 1.0,0.25")
     ap.add_argument("--profile", type=int, default=0, help="also print the N functions with the most host time per "
                     "streamed token (cProfile, one run per combination)")
     a = ap.parse_args()
@@ -202,7 +204,8 @@ def main():
                       f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {spread(s, f)}", flush=True)
                 if a.profile:
                     host_profile(eng, prompt, a.tokens, a.profile)
-                if arena == "1.0" and (decode, writes, ahead, inline, landing, pipe, hs) == combos[0][1:]:
+                first = next(c for c in combos if c[0] == arena)
+                if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs) == first:
                     with tempfile.TemporaryDirectory() as d:
                         plain, traced = [], []
                         for i in range(a.reps):

@@ -9,6 +9,7 @@
 #   bash scripts/gpu.sh kernels the GPU kernels per decode token, resident mlx-lm vs the engine (needs torch)
 #   bash scripts/gpu.sh handshake  the handshake's tests, its round trip beside a sync, and the engine with it
 #                               (the token launched at once, or each layer as built) and without it
+#   bash scripts/gpu.sh traced  hooks and traces under the handshake: their tests, then the trace recorder's cost at 25%
 #   bash scripts/gpu.sh writes  slot writes staged against mapped at 25%: the handshake's tests, the GPU's kernels
 #                               per mid token, and the engine on the mid-size and the reference model
 set -uo pipefail
@@ -44,6 +45,12 @@ if [ "$what" = writes ]; then
     --writes staged,mapped 2>&1 | tee "$OUT/writes_mid.txt"
   timeout 120 python3 bench/bench_engine.py --device gpu --tokens 32 --reps 3 --arenas 0.25,1.0 --decode layer \
     --writes staged,mapped 2>&1 | tee "$OUT/writes_ref.txt"
+fi
+if [ "$what" = traced ]; then  # a full trace recorder at 25% (per-layer decode), beside the untraced run
+  timeout 200 python3 -m pytest tests/test_engine_exact.py tests/test_hooks_trace.py -p no:cacheprovider \
+    -o faulthandler_timeout=90 -k "handshake or trace" 2>&1 | tee "$OUT/traced_tests.txt" | tail -n 5
+  timeout 200 python3 bench/bench_engine.py --device gpu --tokens 32 --reps 3 --arenas 0.25,1.0 --decode layer,auto \
+    --trace-at 0.25,1.0 2>&1 | tee "$OUT/traced.txt"
 fi
 if [ "$what" = nan ]; then
   timeout 150 python3 bench/nan_probe.py --device gpu --runs 4 --processes 3 --tokens 32 2>&1 | tee "$OUT/nan.txt"

@@ -239,9 +239,10 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
     """On CUDA, per-layer decode learns each layer's ids through the handshake, with no sync per
     layer, with slot memory the host writes (direct, mapped), with or without read-ahead (the
     planner's prediction travels with the ids): every decode token after the first, the same tokens,
-    log-probs, claims, read-ahead and residency as a sync per layer. Anything that needs a layer's
-    values on the host while the token runs (a hook, a trace) syncs per layer instead; so do staged
-    writes. Elsewhere there is no handshake."""
+    log-probs, claims, read-ahead and residency as a sync per layer. Hooks at the claim's points
+    (``experts.selected``, a trace) fire in the answer, with the same values; a forward hook (a
+    layer's MoE input or router logits, which it sees while the graph is built) syncs per layer
+    instead; so do staged writes. Elsewhere there is no handshake."""
     import mlx.core as mx
 
     from workbench.arena.staging import cuda_available
@@ -252,7 +253,7 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 16)
     cuda = cuda_available() and mx.default_device() != mx.cpu
     for ahead in (None, "layer", "prev"):
-        runs = {}
+        runs, hooked = {}, {}
         ahead = ahead and AheadConfig(predictor=ahead, lookahead=1)
         for handshake in (True, False):
             with Engine(store, arena=ArenaConfig("0.3", writes="mapped"), decode="layer", ahead=ahead,
@@ -263,9 +264,14 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
                 runs[handshake] = res = eng.generate(PROMPT, max_tokens=16)
                 assert res.tokens == ref, ahead
                 np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL, err_msg=str(ahead))
-                hooked, _ = run_with_cache(eng, PROMPT, names_filter="layer.*.experts.selected", max_tokens=4)
-                assert hooked.tokens == ref[:4] and hooked.stats["handshake_tokens"] == 0
+                hooked[handshake] = run_with_cache(eng, PROMPT, names_filter="layer.*.experts.selected", max_tokens=4)
+                assert hooked[handshake][0].tokens == ref[:4]
+                forward, _ = run_with_cache(eng, PROMPT, names_filter="layer.*.router.logits", max_tokens=4)
+                assert forward.tokens == ref[:4] and forward.stats["handshake_tokens"] == 0
         assert runs[True].stats["handshake_tokens"] == (15 if cuda else 0)  # the first decode step syncs
+        assert hooked[True][0].stats["handshake_tokens"] == (3 if cuda else 0)
+        seen = {h: [np.asarray(v).tolist() for v in hooked[h][1]["layer.0.experts.selected"]] for h in hooked}
+        assert seen[True] == seen[False] and len(seen[True]) == 5  # prefill, then one per decode step
         np.testing.assert_array_equal(runs[True].logprobs, runs[False].logprobs)  # same kernels, same slots
         for key in ("hits", "misses", "evictions", "residency_hash") + (("bytes_read",) if ahead is None else ()):
             assert runs[True].stats[key] == runs[False].stats[key], (ahead, key)

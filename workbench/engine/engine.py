@@ -407,11 +407,20 @@ class Engine(SpeculativeMixin):
 
     def _handshake_now(self) -> bool:
         """The handshake serves a per-layer token when nothing needs the layers' values on the host
-        while the token runs (no hook, trace or cache-aware routing; the read-ahead planner's
-        prediction travels with the ids), from the second decode step on: the first loads the decode
-        kernels a process has not used yet, which may wait for the device (it would then give the
-        token up: ``handshake.py``)."""
-        return self.handshake is not None and self.step > 1 and not self.hooks.active and self.router is None
+        while the token's graph is built (no forward hook, no cache-aware routing; the read-ahead
+        planner's prediction travels with the ids, and the other hook points, traces included, fire
+        in the claim, where the layer's values are computed already), from the second decode step
+        on: the first loads the decode kernels a process has not used yet, which may wait for the
+        device (it would then give the token up: ``handshake.py``)."""
+        return (self.handshake is not None and self.step > 1 and self.router is None
+                and not (self.hooks.active and self._forward_hooked()))
+
+    def _forward_hooked(self) -> bool:
+        """Whether a hook listens at a forward point (a layer's MoE input or router logits): it gets
+        the value while the graph is built, and reading it there would wait for the device, which
+        waits for the host."""
+        points = ("moe.input", "router.logits")
+        return any(self.hooks.subscribers(names[k]) for names in self.names.values() for k in points)
 
     def _serve(self, hs, wait):
         waited = hs.serve(self._answer, wait)
@@ -422,7 +431,7 @@ class Engine(SpeculativeMixin):
         planner's read-ahead (``z``: its prediction's values, sent with the ids): their slot ids. The
         slots are released at once: the next claim waits for the next layer's ids, which the device
         sends only once this layer's experts have run."""
-        if self.planner is not None:
+        if self.planner is not None or self.hooks.active:
             self._selected(layer, np.array(ids).reshape(1, 1, -1))
         table = self.arena.at_layer(layer, sorted(ids))
         slots = [int(table[e]) for e in ids]
