@@ -1,9 +1,10 @@
 """Where the host time of a per-layer token goes, function by function.
 
-    python bench/bench_host.py [--device cpu|gpu] [--arena 0.25] [--tokens 32] [--reps 3] [--pipeline on|off]
+    python bench/bench_host.py [--mid] [--device cpu|gpu] [--arena 0.25] [--tokens 32] [--reps 3] [--pipeline on|off]
                                [--handshake on|off]
+                               [--io-workers 8] [--verify first] [--inline-below BYTES]
 
-Per-layer decode on the reference model from a one-token prompt (no prefill), with the engine's
+Per-layer decode on the reference model (``--mid``: the mid-size random model) from a one-token prompt (no prefill), with the engine's
 per-layer functions and MLX's eval calls wrapped in timers (about a microsecond each): microseconds
 per MoE layer and calls per layer, nested (``at_layer`` runs inside ``_compute``, the reads inside
 ``at_layer``; ``mx.eval`` holds the router sync's wait for the device; with the handshake on CUDA the
@@ -26,12 +27,13 @@ from mlx_lm.generate import generate_step
 
 import workbench.arena.staging as staging_module
 import workbench.engine.engine as engine_module
-from bench_engine import sync_floor_model, token_ms
-from workbench.config import ArenaConfig
+from bench_engine import mid_model, sync_floor_model, token_ms
+from workbench.config import ArenaConfig, IOConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
 
 SPENT, CALLS = collections.defaultdict(int), collections.defaultdict(int)
+READS = []  # (ns submitted -> started, ns started -> done, bytes) per demand read waited for
 
 
 def timed(name, fn):
@@ -60,6 +62,17 @@ def instrument(eng):
     for name in ("at_layer", "landed", "release", "after_layer", "_victim", "_read", "_publish", "_wait_all"):
         setattr(arena, name, timed("arena." + name, getattr(arena, name)))
     arena.io.submit_many = timed("io.submit_many (inline reads)", arena.io.submit_many)
+    reader = arena.io.reader
+    for name in ("read_probed", "_check"):  # on the I/O workers too: summed over threads
+        setattr(reader, name, timed("reader." + name + " (any thread)", getattr(reader, name)))
+    wait_all = arena._wait_all
+
+    def waited(reqs):  # each demand read's hand-off (submitted -> started) and read (started -> done)
+        wait_all(reqs)
+        for r in reqs:
+            if r.t_start and r.t_done:
+                READS.append((r.t_start - r.t_submit, r.t_done - r.t_start, r.bytes_read))
+    arena._wait_all = waited
     if arena.staging is not None:
         for name in ("take", "_launch"):
             setattr(arena.staging, name, timed("staging." + name, getattr(arena.staging, name)))
@@ -73,6 +86,7 @@ def instrument(eng):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default=None)
+    ap.add_argument("--mid", action="store_true", help="the random 16 x 64, hidden 1024, 4-bit model")
     ap.add_argument("--arena", default="0.25")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
@@ -80,13 +94,20 @@ def main():
     ap.add_argument("--handshake", default="on", choices=["on", "off"], help="CUDA: ids through the handshake (on, "
                     "where it works) or a sync per layer (off)")
     ap.add_argument("--writes", default=None, help="slot writes: direct, mapped or staged (default: the backend's)")
+    ap.add_argument("--io-workers", type=int, default=IOConfig.workers)
+    ap.add_argument("--verify", default=IOConfig.verify, help="checksums: first (default), changed, always or never")
+    ap.add_argument("--inline-below", type=int, default=None, help="bytes: smaller demand reads are read by the "
+                    "claiming thread itself, larger ones by the I/O workers (default: the scheduler's)")
     a = ap.parse_args()
     dev = parse_device(a.device)
     if dev is not None:
         mx.set_default_device(dev)
-    path = Path(default_model())
-    with Engine.open(path, arena=ArenaConfig(a.arena, writes=a.writes), decode="layer", progress=False) as eng:
-        prompt = eng.encode(workload("code_heldout")[0]["text"])[:1]
+    path = mid_model() if a.mid else Path(default_model())
+    with Engine.open(path, arena=ArenaConfig(a.arena, writes=a.writes), decode="layer", progress=False,
+                     io=IOConfig(workers=a.io_workers, reserved=min(2, a.io_workers - 1), verify=a.verify)) as eng:
+        if a.inline_below is not None:
+            eng.io.inline_below = a.inline_below
+        prompt = [1] if a.mid else eng.encode(workload("code_heldout")[0]["text"])[:1]
         eng.pipeline = a.pipeline == "on"
         if a.handshake == "off":
             eng.handshake = None
@@ -101,7 +122,8 @@ def main():
     layers = len(eng.m.moe_layers) * a.tokens * a.reps
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | {platform.machine()} {platform.system()} | mlx {mx.__version__} | "
           f"device {mx.default_device()} | arena {a.arena}, {eng.arena.writes} writes, pipeline {a.pipeline}, "
-          f"handshake {'on' if eng.handshake is not None else 'off'}, "
+          f"handshake {'on' if eng.handshake is not None else 'off'}, {a.io_workers} I/O workers, verify {a.verify}, "
+          f"inline below {eng.io.inline_below} bytes, "
           f"{a.tokens} tokens x {a.reps} reps")
     print(f"engine {statistics.median(ms):.2f} ms/token, sync floor {floor_ms:.2f} ms/token, engine/floor "
           f"{statistics.median(ms) / floor_ms:.2f}; hit rate {res.stats['hit_rate']:.1%}, "
@@ -109,6 +131,12 @@ def main():
     print(f"{'function':<32} {'us/layer':>9} {'calls/layer':>12}")
     for name, ns in sorted(SPENT.items(), key=lambda kv: -kv[1]):
         print(f"{name:<32} {ns / layers / 1e3:9.1f} {CALLS[name] / layers:12.2f}")
+    if READS:
+        q, r, b = (sorted(x) for x in zip(*READS))
+        mid = len(READS) // 2
+        print(f"demand reads: {len(READS) / layers:.2f}/layer of {b[mid] / 1e3:.0f} KB (median): submitted -> started "
+              f"{q[mid] / 1e3:.1f} us (p90 {q[len(q) * 9 // 10] / 1e3:.1f}), started -> done {r[mid] / 1e3:.1f} us "
+              f"(p90 {r[len(r) * 9 // 10] / 1e3:.1f}), {b[mid] / max(r[mid], 1):.2f} GB/s per read")
 
 
 if __name__ == "__main__":
