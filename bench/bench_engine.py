@@ -12,7 +12,10 @@ runs (so drifting load hits every side alike):
 "no-read tokens" is the median over decode tokens that read nothing (every expert was resident).
 "host us/layer" is the engine's own cost per MoE layer above the sync floor: (streamed - floor) / layers;
 "engine/floor per rep" the streamed / floor ratio of each rep, median [lowest, highest].
-The trace row: a full trace recorder (MoE inputs included) against the untraced run at 100%.
+"MB/tok" is what the engine read per decode token (demand and read-ahead); "read-floor" the sync floor
+plus those bytes at the read path's rate here (the store's blobs read through the real scheduler and
+reader with the engine's worker count, page cache warm): a claim cannot beat it without hiding reads.
+The trace row: a full trace recorder (MoE inputs included) against the untraced run (``--trace-at``).
 """
 
 import argparse
@@ -35,6 +38,7 @@ from workbench.config import AheadConfig, ArenaConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
 from workbench.fsutil import cache_dir
+from workbench.io.readpath import blobs_gbps
 from workbench.trace.recorder import TraceRecorder
 
 
@@ -90,7 +94,16 @@ def streamed(eng, prompt, n, trace=None):
     c = res.counters
     dec = c[c.phase == "decode"].groupby("step")[["bytes_read", "misses", "prefetch_useful_late"]].sum()
     quiet = [t for t, (_, row) in zip(res.step_times, dec.iterrows()) if not row.any()]
+    res.stats["bytes_per_token"] = dec.bytes_read.iloc[1:].mean() if len(dec) > 1 else 0.0
     return statistics.median(res.step_times[1:]) * 1e3, res.stats, (statistics.median(quiet) * 1e3 if quiet else None)
+
+
+def read_gbps(eng) -> tuple[float, int]:
+    """What the read path can do here: GB/s of reading the store's blobs, page cache warm, through the
+    real scheduler and reader into slots, with as many threads as the engine reads a claim's misses on
+    (one where the claiming thread reads them itself: blobs below ``inline_below``); median of three."""
+    threads = 1 if eng.m.expert_bytes < eng.io.inline_below else eng.io.workers
+    return statistics.median(blobs_gbps(eng.root, "buffered", threads, cold=False) for _ in range(3)), threads
 
 
 def host_profile(eng, prompt, n, top):
@@ -156,8 +169,12 @@ def main():
     floor_model = sync_floor_model(path)
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | model {path.name} | {platform.machine()} {platform.system()} | "
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
+    with Engine.open(path, arena="1.0", progress=False) as eng:
+        gbps, threads = read_gbps(eng)
+    print(f"read path: {gbps:.2f} GB/s (the store's blobs, page cache warm, {threads} thread(s)); read floor: the "
+          "sync floor plus the bytes read per decode token at that rate")
     print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
-          "recomp  hs-tok  host-us/layer  engine/floor per rep")
+          "recomp  hs-tok  host-us/layer  MB/tok  read-floor  engine/floor per rep")
     combos = [(arena, decode, w, ahead, inline, landing, pipe, hs) for arena in a.arenas.split(",")
               for decode in a.decode.split(",") for w in (a.writes.split(",") if a.writes else [None])
               for ahead in a.ahead.split(",") for inline in a.inline_below.split(",") for landing in a.landing.split(",")
@@ -201,7 +218,8 @@ def main():
                 print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
                       f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
                       f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  {stats['handshake_tokens']:5d}  "
-                      f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {spread(s, f)}", flush=True)
+                      f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {stats['bytes_per_token'] / 1e6:6.2f}  "
+                      f"{fm + stats['bytes_per_token'] / gbps / 1e6:10.2f}  {spread(s, f)}", flush=True)
                 if a.profile:
                     host_profile(eng, prompt, a.tokens, a.profile)
                 first = next(c for c in combos if c[0] == arena)
