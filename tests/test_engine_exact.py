@@ -285,15 +285,18 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
     """If the host does not answer in time, the device computes that layer on the placeholder and
     skips the token's later mailboxes; the engine computes the token again from that layer with a
     sync per layer, on the slots it answered: the same tokens, log-probs, claims and residency as a
-    sync per layer, with one recompute per token. CUDA only."""
+    sync per layer, with one recompute per token; a sampled token is drawn again with its first draw's
+    key. CUDA only."""
     import mlx.core as mx
 
     from workbench.arena.staging import cuda_available
 
     if not (cuda_available() and mx.default_device() != mx.cpu):
         pytest.skip("the handshake runs on CUDA only")
+    from mlx_lm.sample_utils import make_sampler
+
     _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
-    runs = {}
+    runs, sampled = {}, {}
     for mode in ("gives up", "sync"):
         with Engine(store, arena="0.3", decode="layer", progress=False) as eng:
             if mode == "sync":
@@ -301,6 +304,10 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
             else:
                 eng.handshake.set_timeout(0)  # the device never waits: every token is given up at its first layer
             runs[mode] = eng.generate(PROMPT, max_tokens=8)
+            mx.random.seed(11)
+            sampled[mode] = eng.generate(PROMPT, max_tokens=8, sampler=make_sampler(temp=3.0))
+    assert sampled["gives up"].stats["recomputes"] == 7
+    assert sampled["gives up"].tokens == sampled["sync"].tokens  # a token drawn again is drawn with its own key
     gave, sync = runs["gives up"], runs["sync"]
     assert gave.tokens == sync.tokens
     np.testing.assert_array_equal(gave.logprobs, sync.logprobs)

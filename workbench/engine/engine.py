@@ -81,6 +81,17 @@ def _sum_finite(bits) -> bool:
     return (int(bits) & 0x7F800000) != 0x7F800000
 
 
+def reseed(key) -> None:
+    """Put MLX's global random key back to ``key`` (an earlier ``mx.random.state[0]``): a token drawn
+    again is drawn with the key of its first draw, as resident mlx-lm draws it once.
+    ``mx.random.seed(n)`` makes the key [n >> 32, n & 0xffffffff]."""
+    hi, lo = (int(w) for w in np.array(key).reshape(-1))
+    mx.random.seed(hi << 32 | lo)
+    if np.array(mx.random.state[0]).reshape(-1).tolist() != [hi, lo]:
+        raise EngineError("this MLX's random.seed does not make the key [seed >> 32, seed & 0xffffffff]: a sampled "
+                          "token given up by the device cannot be drawn again with its key; set Engine.handshake = None")
+
+
 def prefill_cap(layer: int) -> int:
     """Most experts one prefill wave of ``layer`` may stream (256, 128 from layer 40)."""
     return 128 if layer >= 40 else 256
@@ -370,6 +381,7 @@ class Engine(SpeculativeMixin):
         reach the host through the handshake where it works (``handshake.py``), else through a sync."""
         self._moe_in, self._logits, self._plans = {}, {}, {}
         hs = self.handshake if self._handshake_now() else None
+        key = mx.random.state[0] if hs is not None and sampler is not None else None  # a redraw's key
         if hs is not None:
             hs.begin()
             self._hs = self._resume = hs
@@ -392,7 +404,9 @@ class Engine(SpeculativeMixin):
         gave_up = None if hs is None else hs.gave_up()
         if gave_up is not None:
             logits = self._recover(hs, gave_up, y, cache)
-            nxt, out = self._token_out(logits, sampler)  # a sampled token is drawn again, with the next key
+            if key is not None:
+                reseed(key)
+            nxt, out = self._token_out(logits, sampler)
             host = np.array(out)
         if not _sum_finite(host[1]):
             self._check_finite(logits)
