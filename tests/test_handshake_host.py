@@ -1,0 +1,98 @@
+"""The handshake's host side on any backend: the engine's answers, read-ahead, hooks and the recovery
+after a give-up, with the device's part (a CUDA kernel, ``engine/handshake.py``) played on the host.
+
+``HostDevice`` stands in for the kernel only: it evaluates a layer's ids as the graph is built and
+has the engine claim them at once (the kernel would wait in the device's stream for that claim), or
+gives the token up at its first MoE layer, as a device does that waited too long: that layer and
+every later one compute on the placeholder slot, and the engine computes the token again. The
+CUDA tests in test_engine_exact.py run the real kernel on the GPU."""
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.sample_utils import make_sampler
+
+from conftest import TOL, resident_greedy
+from workbench.config import AheadConfig, ArenaConfig
+from workbench.engine.engine import Engine
+from workbench.engine.handshake import Handshake
+from workbench.hooks import run_with_cache
+
+PROMPT = [5, 17, 3, 99, 42, 8, 77, 1, 64, 23, 11, 90, 31, 7, 56, 2, 88, 14, 70, 45]
+
+
+class HostDevice(Handshake):
+    def __init__(self, eng, give_up=False):  # no pinned mailbox, no kernel: the host answers in ``slots``
+        self.k, self.placeholder, self.give_up, self.claim = eng.top_k, eng.arena.placeholder, give_up, eng._answer
+        self.words = np.zeros(1, dtype=np.uint64)
+        self.per_layer, self.token = False, 0
+        self.begin()
+
+    def begin(self):
+        super().begin()
+        self.given = None
+
+    def slots(self, layer, indices, extra=None):
+        self.tickets[layer] = self.token
+        if self.void:  # given up: later layers send nothing and compute on the placeholder
+            return mx.full(indices.shape, self.placeholder, dtype=mx.uint32)
+        mx.eval(indices, *([] if extra is None else [extra]))
+        z = None if extra is None else np.array(extra.astype(mx.float32)).reshape(-1)
+        self.answers[layer] = self.claim(layer, np.array(indices).reshape(-1).tolist(), z)
+        if self.give_up:  # claimed, but the device stopped waiting before the answer
+            self.given, self.void = layer, True
+            return mx.full(indices.shape, self.placeholder, dtype=mx.uint32)
+        return mx.array(np.array(self.answers[layer], dtype=np.uint32).reshape(indices.shape))
+
+    def serve(self, claim, wait):
+        return 0.0
+
+    def gave_up(self):
+        return self.given
+
+    def abort(self):
+        pass
+
+
+def test_the_host_answers_as_a_sync_per_layer_would(tiny):
+    """Answered through the handshake's host side, per-layer decode makes the same claims in the same
+    order as with a sync per layer: tokens, log-probs, counters, read-ahead and residency; the claim's
+    hook points fire in the answer with the same values."""
+    model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    ref, ref_lp = resident_greedy(model_dir, PROMPT, 12)
+    for ahead in (None, AheadConfig(predictor="layer", lookahead=1)):
+        runs, seen = {}, {}
+        for host in (True, False):
+            with Engine(store, arena=ArenaConfig("0.3"), decode="layer", ahead=ahead, progress=False) as eng:
+                eng.handshake = HostDevice(eng) if host else None
+                runs[host] = res = eng.generate(PROMPT, max_tokens=12)
+                _, cache = run_with_cache(eng, PROMPT, names_filter="layer.*.experts.selected", max_tokens=4)
+                seen[host] = [np.asarray(v).tolist() for v in cache["layer.0.experts.selected"]]
+            assert res.tokens == ref
+            np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
+        assert runs[True].stats["handshake_tokens"] == 11 and runs[False].stats["handshake_tokens"] == 0
+        np.testing.assert_array_equal(runs[True].logprobs, runs[False].logprobs)
+        for key in ("hits", "misses", "evictions", "residency_hash"):
+            assert runs[True].stats[key] == runs[False].stats[key], (ahead, key)
+        assert runs[True].stats["prefetch"]["issued"] == runs[False].stats["prefetch"]["issued"]
+        assert seen[True] == seen[False] and len(seen[True]) == 5
+
+
+def test_a_token_given_up_is_computed_again_with_its_own_draw(tiny):
+    """Every handshake token given up at its first MoE layer: the engine computes it again from there
+    with a sync per layer, on the slots it answered: the same tokens, log-probs, counters and residency
+    as a sync per layer; a sampled token is drawn again with its first draw's key, so the sampled
+    stream is the same too."""
+    _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    runs, sampled = {}, {}
+    for give_up in (True, False):
+        with Engine(store, arena="0.3", decode="layer", progress=False) as eng:
+            eng.handshake = HostDevice(eng, give_up=True) if give_up else None
+            runs[give_up] = eng.generate(PROMPT, max_tokens=8)
+            mx.random.seed(11)
+            sampled[give_up] = eng.generate(PROMPT, max_tokens=8, sampler=make_sampler(temp=3.0))
+    assert runs[True].stats["recomputes"] == 7 and sampled[True].stats["recomputes"] == 7
+    assert runs[True].tokens == runs[False].tokens
+    np.testing.assert_array_equal(runs[True].logprobs, runs[False].logprobs)
+    for key in ("hits", "misses", "evictions", "bytes_read", "residency_hash"):
+        assert runs[True].stats[key] == runs[False].stats[key], key
+    assert sampled[True].tokens == sampled[False].tokens
