@@ -20,7 +20,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1 WORKBENCH_DEVICE=gpu
 what=${1:-tests}
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
   python3 -c 'import mlx.core as mx, mlx_lm; print("mlx", mx.__version__, "mlx-lm", mlx_lm.__version__, mx.default_device())'; } > "$OUT/env.txt" 2>&1
-TESTS=${TESTS:-tests/test_engine_exact.py tests/test_policy_layer.py tests/test_hooks_trace.py tests/test_reference_engine.py tests/test_generate.py tests/test_speculative.py}
+TESTS=${TESTS:-tests/test_engine_exact.py tests/test_handshake_host.py tests/test_policy_layer.py tests/test_hooks_trace.py tests/test_reference_engine.py tests/test_generate.py tests/test_speculative.py}
 if [ "$what" = tests ]; then
   timeout ${PROBE_S:-100} python3 bench/slot_probe.py --device gpu 2>&1 | tee "$OUT/slot_probe.txt"
   timeout ${TESTS_S:-400} python3 -m pytest $TESTS -p no:cacheprovider -o faulthandler_timeout=120 -k "not cli" \
@@ -28,8 +28,9 @@ if [ "$what" = tests ]; then
   echo "pytest exit status ${PIPESTATUS[0]} (124: ran past TESTS_S)" | tee -a "$OUT/tests.txt"
 fi
 if [ "$what" = handshake ]; then
-  timeout 240 python3 -m pytest tests/test_engine_exact.py -p no:cacheprovider -o faulthandler_timeout=90 \
-    -k "handshake or one_result or gives_up" 2>&1 | tee "$OUT/hs_tests.txt" | tail -n 5
+  timeout 240 python3 -m pytest tests/test_engine_exact.py tests/test_handshake_host.py tests/test_generate.py \
+    -p no:cacheprovider -o faulthandler_timeout=90 -k "handshake or one_result or gives_up or given_up or host or sampled_stream" \
+    2>&1 | tee "$OUT/hs_tests.txt" | tail -n 5
   timeout 60 python3 bench/bench_sync.py --device gpu --tokens 32 --reps 3 2>&1 | tee "$OUT/sync.txt" | tail -n 4
   timeout ${BENCH_S:-200} python3 bench/bench_engine.py --device gpu --tokens ${TOKENS:-48} --reps 3 \
     --arenas ${ARENAS:-0.25,0.5} --decode layer,auto --handshake token,layer,off 2>&1 | tee "$OUT/hs_ref.txt"
