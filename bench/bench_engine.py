@@ -13,8 +13,8 @@ runs (so drifting load hits every side alike):
 "host us/layer" is the engine's own cost per MoE layer above the sync floor: (streamed - floor) / layers;
 "engine/floor per rep" the streamed / floor ratio of each rep, median [lowest, highest].
 "MB/tok" is what the engine read per decode token (demand and read-ahead); "read-floor" the sync floor
-plus those bytes at the read path's rate here (the store's blobs read through the real scheduler and
-reader with the engine's worker count, page cache warm): a claim cannot beat it without hiding reads.
+plus those bytes at the read path's rate here, page cache warm (``read_gbps``): a claim cannot beat it
+without hiding reads.
 The trace row: a full trace recorder (MoE inputs included) against the untraced run (``--trace-at``).
 """
 
@@ -38,7 +38,7 @@ from workbench.config import AheadConfig, ArenaConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
 from workbench.fsutil import cache_dir
-from workbench.io.readpath import blobs_gbps
+from workbench.io.readpath import blobs_gbps, copy_variants_gbps
 from workbench.trace.recorder import TraceRecorder
 
 
@@ -98,12 +98,14 @@ def streamed(eng, prompt, n, trace=None):
     return statistics.median(res.step_times[1:]) * 1e3, res.stats, (statistics.median(quiet) * 1e3 if quiet else None)
 
 
-def read_gbps(eng) -> tuple[float, int]:
-    """What the read path can do here: GB/s of reading the store's blobs, page cache warm, through the
-    real scheduler and reader into slots, with as many threads as the engine reads a claim's misses on
-    (one where the claiming thread reads them itself: blobs below ``inline_below``); median of three."""
-    threads = 1 if eng.m.expert_bytes < eng.io.inline_below else eng.io.workers
-    return statistics.median(blobs_gbps(eng.root, "buffered", threads, cold=False) for _ in range(3)), threads
+def read_gbps(eng) -> tuple[float, str]:
+    """What the read path can do here, page cache warm (median of three): blobs the claiming thread
+    reads itself (below ``inline_below``) at one thread's ``preadv`` straight into a slot; larger ones
+    through the real scheduler and reader into slots with the engine's worker threads."""
+    if eng.m.expert_bytes < eng.io.inline_below:
+        return statistics.median(copy_variants_gbps(eng.root, cold=False)["preadv_slot"] for _ in range(3)), "1 thread"
+    gbps = statistics.median(blobs_gbps(eng.root, "buffered", eng.io.workers, cold=False) for _ in range(3))
+    return gbps, f"{eng.io.workers} threads"
 
 
 def host_profile(eng, prompt, n, top):
@@ -171,7 +173,7 @@ def main():
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
     with Engine.open(path, arena="1.0", progress=False) as eng:
         gbps, threads = read_gbps(eng)
-    print(f"read path: {gbps:.2f} GB/s (the store's blobs, page cache warm, {threads} thread(s)); read floor: the "
+    print(f"read path: {gbps:.2f} GB/s (the store's blobs, page cache warm, {threads}); read floor: the "
           "sync floor plus the bytes read per decode token at that rate")
     print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
           "recomp  hs-tok  host-us/layer  MB/tok  read-floor  engine/floor per rep")
