@@ -167,12 +167,11 @@ def main():
             prompt = eng.encode(workload("code_heldout")[0]["text"])[:64]
         except Exception:
             prompt = list(range(1, 17))
+        gbps, threads = read_gbps(eng)
     model = load_model(path)[0]
     floor_model = sync_floor_model(path)
     print(f"{datetime.datetime.now():%Y-%m-%d %H:%M} | model {path.name} | {platform.machine()} {platform.system()} | "
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
-    with Engine.open(path, arena="1.0", progress=False) as eng:
-        gbps, threads = read_gbps(eng)
     print(f"read path: {gbps:.2f} GB/s (the store's blobs, page cache warm, {threads}); read floor: the "
           "sync floor plus the bytes read per decode token at that rate")
     print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
