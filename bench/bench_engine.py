@@ -108,11 +108,11 @@ def read_gbps(eng) -> tuple[float, str]:
     return gbps, f"{eng.io.workers} threads"
 
 
-def host_profile(eng, prompt, n, top):
+def host_profile(eng, prompt, n, top, trace=None):
     """Where the host time of one streamed run goes: functions by own time, in us per token."""
     prof = cProfile.Profile()
     prof.enable()
-    eng.generate(prompt, max_tokens=n, progress=False)
+    eng.generate(prompt, max_tokens=n, trace=trace, progress=False)
     prof.disable()
     rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
     for (file, line, fn), (_, calls, own, cum, _) in rows:
@@ -230,9 +230,12 @@ def main():
                         for i in range(a.reps):
                             plain.append(streamed(eng, prompt, a.tokens)[0])
                             traced.append(streamed(eng, prompt, a.tokens, TraceRecorder(f"{d}/t{i}.parquet", moe_input=True))[0])
-                    print(f"trace: untraced {statistics.median(plain):.2f} ms/tok, full trace recorder "
-                          f"{statistics.median(traced):.2f} ms/tok, ratio {statistics.median(traced) / statistics.median(plain):.3f}",
-                          flush=True)
+                        print(f"trace: untraced {statistics.median(plain):.2f} ms/tok, full trace recorder "
+                              f"{statistics.median(traced):.2f} ms/tok, ratio {statistics.median(traced) / statistics.median(plain):.3f}",
+                              flush=True)
+                        if a.profile:
+                            print("  the traced run's host profile:")
+                            host_profile(eng, prompt, a.tokens, a.profile, TraceRecorder(f"{d}/p.parquet", moe_input=True))
 
 
 if __name__ == "__main__":

@@ -23,10 +23,9 @@ TOL = float(os.environ.get("WORKBENCH_TOL", 1e-2 if DEVICE == "gpu" else 1e-4))
 WRITES = ("direct", "staged", "mapped") if DEVICE == "gpu" else ("direct", "staged")
 STABLE_SHAPE = dict(hidden=256, expert_width=128)
 STABLE_GROUP = 64
-if DEVICE == "gpu":
-    import mlx.core as _mx
+import mlx.core as _mx  # noqa: E402
 
-    _mx.set_default_device(_mx.gpu)
+_mx.set_default_device(_mx.gpu if DEVICE == "gpu" else _mx.cpu)  # a GPU machine runs the CPU suite unless told
 
 
 @pytest.fixture(scope="session")

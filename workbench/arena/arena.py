@@ -112,6 +112,7 @@ class Arena:
         self.version = 0  # bumped whenever ``lut`` changes
         self._device_lut = (None, {}, None)  # (version, layer -> lut row on the device, host copy)
         self._signature = (None, b"")  # (version, residency_signature())
+        self._published = (None, {})  # (version, layer -> published_experts(layer))
         self._exposed: list[int] = []
         self.key_of = [-1] * n_slots
         self.smap: dict[int, int] = {}
@@ -146,7 +147,13 @@ class Arena:
 
     # ---- residency queries -------------------------------------------------------------
     def published_experts(self, layer: int) -> list[int]:
-        return np.flatnonzero(self.lut[layer] != self.placeholder).tolist()
+        """A fresh list (callers may keep it), made from ``lut`` again only when it changed."""
+        if self._published[0] != self.version:
+            self._published = (self.version, {})
+        ids = self._published[1].get(layer)
+        if ids is None:
+            ids = self._published[1][layer] = np.flatnonzero(self.lut[layer] != self.placeholder).tolist()
+        return list(ids)
 
     def resident_mask(self, layer: int) -> np.ndarray:
         return self.lut[layer] != self.placeholder

@@ -533,8 +533,8 @@ class Engine(SpeculativeMixin):
             ids = host[:n_ids].reshape(-1, k) if p.with_ids else None
             self._host_values(p, layers, host[n_ids:-2].view(np.float32))
             skip = settled - (len(self.m.moe_layers) - len(layers))  # layers of this pass already settled
-            miss = None if ids is None else first_miss(self.arena.lut, p.table, self.arena.placeholder,
-                                                       layers[skip:], ids[skip:])
+            miss = None if ids is None or p.views else first_miss(  # frozen views: nothing can miss
+                self.arena.lut, p.table, self.arena.placeholder, layers[skip:], ids[skip:])
             stop = len(layers) if miss is None else skip + miss
             if self.planner is not None or self.arena.spec or self.hooks.subscribers("cache.hit"):
                 for j in range(skip, stop):  # claims that can start reads or fire arena hooks: one by one
@@ -725,9 +725,12 @@ class Engine(SpeculativeMixin):
         return logits
 
     def _fire_forward(self, layer, point, value):
+        name = self.names[layer][point]
+        if not self.hooks.subscribers(name):  # hooks.active, but nothing listens here (e.g. a trace)
+            return value
         p = self._opt
         step, attempt = (self.step, 0) if p is None else (p.step, p.attempt)
-        return self.hooks.fire(self.names[layer][point], value, layer=layer, step=step, attempt=attempt)
+        return self.hooks.fire(name, value, layer=layer, step=step, attempt=attempt)
 
     def run_block(self, layer, block, x, *args, **kwargs):
         if self.hooks.active:
