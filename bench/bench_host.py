@@ -104,7 +104,7 @@ def main():
         mx.set_default_device(dev)
     path = mid_model() if a.mid else Path(default_model())
     with Engine.open(path, arena=ArenaConfig(a.arena, writes=a.writes), decode="layer", progress=False,
-                     io=IOConfig(workers=a.io_workers, reserved=min(2, a.io_workers - 1), verify=a.verify)) as eng:
+                     io=IOConfig(workers=a.io_workers, reserved=min(IOConfig.reserved, a.io_workers - 1), verify=a.verify)) as eng:
         if a.inline_below is not None:
             eng.io.inline_below = a.inline_below
         prompt = [1] if a.mid else eng.encode(workload("code_heldout")[0]["text"])[:1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 os.environ.setdefault("WORKBENCH_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "test-cache"))
@@ -23,9 +24,7 @@ TOL = float(os.environ.get("WORKBENCH_TOL", 1e-2 if DEVICE == "gpu" else 1e-4))
 WRITES = ("direct", "staged", "mapped") if DEVICE == "gpu" else ("direct", "staged")
 STABLE_SHAPE = dict(hidden=256, expert_width=128)
 STABLE_GROUP = 64
-import mlx.core as _mx  # noqa: E402
-
-_mx.set_default_device(_mx.gpu if DEVICE == "gpu" else _mx.cpu)  # a GPU machine runs the CPU suite unless told
+mx.set_default_device(mx.gpu if DEVICE == "gpu" else mx.cpu)  # a GPU machine runs the CPU suite unless told
 
 
 @pytest.fixture(scope="session")
