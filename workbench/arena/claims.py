@@ -1,0 +1,117 @@
+"""The claim sequence: how one routing decision drives the arena, for every driver.
+
+Every decode pass of the engine and every simulator (``sim.replay``, ``sim.vtime``,
+``sim.ioreplay``) claims experts through one ``Claims`` object, so they cannot drift:
+
+    waves = claims.begin(layer, ids)      # the route is known: hooks, planner, the wave plan
+    for wave in waves:
+        table = claims.claim(layer, wave) # hits, misses read and waited for, speculation claimed
+        ...compute on table's slots...
+        claims.next_wave()                # (between waves, once the wave's compute is evaluated)
+    claims.end(read_ahead)                # read ahead while the slots are pinned; release; limbo
+
+``route`` is that sequence with no compute in between (the simulators, the handshake's answer,
+an optimistic token's settle); ``settle`` is its vectorised form for many all-hit layers.
+
+A batch of more than ``PREFILL_TOKENS`` tokens (prefill, a long verify pass) is streamed
+layer-ranked: its experts hottest first, at most ``prefill_cap(layer)`` at a time, and the
+prompt's hottest experts are kept hottest in the policy after it (``protect_prompt_hot``). A
+batch that wants more experts than the arena has room for runs in waves, resident experts first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PREFILL_TOKENS = 8  # batches longer than this use the prefill rule
+
+
+def prefill_cap(layer: int) -> int:
+    """Most experts one prefill wave of ``layer`` may stream (256, 128 from layer 40)."""
+    return 128 if layer >= 40 else 256
+
+
+class Claims:
+    """One run's claim sequence over ``arena``. ``on_begin(layer, ids)`` is called first for every
+    routing decision (the engine fires ``experts.selected`` and teaches its planner there)."""
+
+    def __init__(self, arena, top_k: int, on_begin=None):
+        self.arena, self.top_k, self.on_begin = arena, top_k, on_begin
+        self.prompt_hot: list = []  # (count, layer, expert) of the batches streamed layer-ranked
+
+    def begin(self, layer: int, ids: np.ndarray) -> list:
+        """``ids`` ([..., top_k] host ids, one row per token) were routed at ``layer``: the waves
+        (sorted unique expert ids each) to claim in turn."""
+        if self.on_begin is not None:
+            self.on_begin(layer, ids)
+        if ids.size == self.top_k:  # one token: its top-k ids are distinct already
+            return [sorted(ids.reshape(-1).tolist())]  # a list: numpy's first call after a sync is slow
+        wanted, counts = np.unique(ids, return_counts=True)
+        arena = self.arena
+        room = arena.n_slots - len(arena.spec) - len(arena.limbo)
+        if ids.size // self.top_k > PREFILL_TOKENS:  # layer-ranked streaming, hottest first
+            room = min(room, prefill_cap(layer))
+            order = [int(e) for _, e in sorted(zip(-counts, wanted))]
+            self.prompt_hot.extend((int(n), layer, int(e)) for n, e in zip(counts, wanted))
+        elif len(wanted) > room:  # resident experts first, then the misses
+            order = sorted(wanted.tolist(), key=lambda e: (not arena.is_mapped(layer, e), e))
+        else:
+            return [wanted]
+        return [np.array(order[i:i + room]) for i in range(0, len(order), room)]
+
+    def claim(self, layer: int, wanted) -> np.ndarray:
+        """Make ``wanted`` resident and published, pinned until ``next_wave`` or ``end``: the layer's
+        expert->slot table."""
+        return self.arena.at_layer(layer, wanted)
+
+    def next_wave(self) -> None:
+        """The wave's compute is evaluated: its slots may change owner."""
+        self.arena.release()
+
+    def hold(self) -> None:
+        """Keep the claim's pins past its layer (a recompute computes on them), its reads landed."""
+        self.arena.flush()
+
+    def end(self, read_ahead=None) -> None:
+        """The layer is done: ``read_ahead()`` runs while its slots are still pinned (no read can take
+        them), then they are released and the limbo generation turns."""
+        if read_ahead is not None:
+            read_ahead()
+        self.arena.release()
+        self.arena.after_layer()
+
+    def route(self, layer: int, ids: np.ndarray, read_ahead=None) -> np.ndarray:
+        """The whole sequence for a decision with no compute in between; the last wave's table."""
+        waves = self.begin(layer, ids)
+        for i, wave in enumerate(waves):
+            if i:
+                self.next_wave()
+            table = self.claim(layer, wave)
+        self.end(read_ahead)
+        return table
+
+    def settle(self, layers, ids) -> None:
+        """``route`` for many layers of one token whose experts are all published (``ids``: one row
+        per layer, or None when the arena is frozen), with no speculation open, no read-ahead and
+        no listener at the arena's hook points: counters and policy touches in one go."""
+        if self.on_begin is not None and ids is not None:
+            for layer, row in zip(layers, ids):
+                self.on_begin(layer, row.reshape(1, 1, -1))
+        self.arena.settle_hits(layers, ids)
+
+    def can_settle(self, planner=None) -> bool:
+        """Whether ``settle`` may stand in for ``route`` (no read-ahead, no open speculation, nobody
+        listening at ``cache.hit``)."""
+        return planner is None and not self.arena.spec and not self.arena.hooks.subscribers("cache.hit")
+
+    def protect_prompt_hot(self) -> None:
+        """After a layer-ranked batch: the experts it used most stay hottest in the policy order,
+        leaving about 2*k+32 slots to churn in decode."""
+        arena = self.arena
+        budget = arena.n_slots - (2 * self.top_k + 32)
+        hot = sorted(self.prompt_hot, reverse=True)[:max(0, budget)]
+        for _, layer, e in reversed(hot):  # coldest first, so the hottest ends most recent
+            key = layer * arena.E + e
+            if key in arena.smap and arena.published[arena.smap[key]]:
+                arena.policy.access(key)
+        self.prompt_hot = []
