@@ -343,8 +343,9 @@ def test_cache_aware_override_reproduces_family_routing(tiny, family):
     _, store = tiny(family, 4)
     with Engine(store, arena="1.0", progress=False) as eng:
         exact = eng.generate(PROMPT, max_tokens=8)
-        configure(eng, AheadConfig(mode="route", moce_bonus=1e-9, moce_protect=1))
-        moce = eng.generate(PROMPT, max_tokens=8)
+        _, router, planner = configure(eng, AheadConfig(mode="route", moce_bonus=1e-9, moce_protect=1))
+        with eng.routing(router, planner):
+            moce = eng.generate(PROMPT, max_tokens=8)
     assert moce.tokens == exact.tokens
     np.testing.assert_allclose(moce.logprobs, exact.logprobs, atol=max(TOL, 2e-3))
 

@@ -20,7 +20,7 @@ context, and the device is waiting for the host). Then the device *gives up*: th
 on the placeholder slot, and every later layer of the token skips its mailbox (*void*: no ids, no
 wait). The host still claims the given-up layer (its ids were right) and nothing after it, and
 once the token has synced the engine computes it again from that layer with a sync per layer,
-using the slots it answered for that layer (``Engine._recover``): the same claims, once each, in
+using the slots it answered for that layer (``passes.ResumePass``): the same claims, once each, in
 order. A give-up costs time, never a wrong token or a different residency.
 
 Memory: a control block (the host's token number; the token the device gave up on), then one
@@ -165,7 +165,6 @@ class Handshake:
         self.answers: dict = {}  # layer -> the slot ids the host answered
         self.extras: dict = {}  # layer -> how many extra values its kernel sends
         self.saved: dict = {}  # decoder layer -> its output in this token (LayerProbe; a recovery starts from one)
-        self.start = 0  # first decoder layer computed: earlier ones return saved outputs (recovery)
         self.void = False  # the device gave this token up: later layers have no ids
         self.last = None  # the latest output launched (abort waits for it)
 

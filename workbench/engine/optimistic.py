@@ -16,7 +16,6 @@ with a fixed cost model (never from timings, so residency never depends on timin
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 
 
@@ -60,30 +59,6 @@ class Controller:
             lost = self._cost(recomputes) > self.n * (1 + self.sync)
             self.interval = min(2 * self.interval, self.max_probe) if lost else self.probe
         self.recomputes = self.decay * self.recomputes + (1 - self.decay) * recomputes
-
-
-class OptimisticPass:
-    """State of one optimistic token while the model runs (the engine's ``_opt``)."""
-
-    def __init__(self, step, probe=False):
-        self.step, self.probe = step, probe  # probe: the controller chose this token to probe optimistic decode
-        self.start = 0  # first decoder layer computed in this pass; earlier ones return saved outputs (LayerProbe)
-        self.saved: dict[int, object] = {}  # decoder layer -> its output in the latest pass
-        self.ids: dict[int, mx.array] = {}  # MoE layer -> expert ids recorded in this pass
-        self.lut: dict[int, mx.array] = {}  # MoE layer -> expert->slot row on the device (Arena.device_lut)
-        self.views: dict = {}  # MoE layer -> its experts on views of its slots, when the arena is frozen
-        self.with_ids = True  # whether the token's ids come back to the host (always, unless frozen)
-        self.logits: dict[int, mx.array] = {}  # MoE layer -> router logits (lazy), for traces and hooks
-        self.moe_in: dict[int, mx.array] = {}
-        self.attempt = 0  # recomputes so far
-
-    def experts(self, layer, inner, x, indices):
-        self.ids[layer] = indices
-        view = self.views.get(layer)  # a frozen arena: the layer's slots in id order (Engine._frozen_views)
-        if view is not None:
-            return view(x, indices)
-        return inner(x, self.lut[layer][indices])
-
 
 
 def first_miss(lut: np.ndarray, table: np.ndarray, placeholder: int, layers, ids: np.ndarray):

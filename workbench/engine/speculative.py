@@ -9,7 +9,9 @@ import time
 
 import mlx.core as mx
 
-from ..arena.counters import Counters, summarize
+from ..arena.counters import summarize
+from .passes import SyncPass
+from .run import Result, Run
 
 
 class ResidentOnlyRouter:
@@ -37,28 +39,21 @@ class SpeculativeMixin:
     def verify(self, prompt_ids, drafts) -> dict:
         """Run the exact verify pass over ``[last prompt token] + drafts`` as one batch after
         prefilling the rest; report what that pass read (the union of its experts) and took."""
-        from mlx_lm.models.cache import make_prompt_cache
-
         ids = self.encode(list(prompt_ids) + list(drafts))
         n_ctx = len(prompt_ids) - 1
-        self.counters = self.arena.counters = Counters()
-        cache = make_prompt_cache(self.model)
         with self.routing():
+            run = Run(self, ids)
             try:
                 if n_ctx > 0:
-                    self._begin_step(0, "prefill", ids[:n_ctx])
-                    self._prompt_hot = []
-                    self.model(mx.array(ids[:n_ctx])[None], cache=cache)
-                    mx.eval([c.state for c in cache])
-                self._begin_step(1, "verify", ids[n_ctx:])
+                    run.prefill(mx.array(ids[:n_ctx]), protect=False)
+                run.begin_step(1, "verify")
                 t0 = time.perf_counter()
-                logits = self.model(mx.array(ids[n_ctx:])[None], cache=cache)
+                logits = run.call(SyncPass(run, 1), mx.array(ids[n_ctx:])[None])
                 greedy = mx.argmax(logits[0], axis=-1)
                 mx.eval(greedy)
                 seconds = time.perf_counter() - t0
             finally:
-                self.arena.finish_speculation()
-                self.arena.release()
+                run.close()
         tot = self.counters.totals("verify")
         target = [int(t) for t in greedy.tolist()]
         accepted = 0
@@ -67,41 +62,6 @@ class SpeculativeMixin:
         return {"seconds": seconds, "bytes_read": int(tot.get("bytes_read", 0)),
                 "experts_read": int(tot.get("misses", 0)), "union_experts": int(tot.get("hits", 0) + tot.get("misses", 0)),
                 "tokens_in_pass": len(drafts) + 1, "accepted": accepted}
-
-
-class _TargetPasses:
-    """The engine internals a verify loop needs, in one place: fresh counters, step bookkeeping
-    per pass, and the end-of-run release (what ``Engine.generate`` does around its own steps).
-    Verify passes run the per-layer path (claim the union of the pass's experts, then compute)."""
-
-    def __init__(self, engine, prompt_ids):
-        if engine.recorder is not None or engine.planner is not None:
-            raise ValueError("speculative decoding runs without a trace or a read-ahead predictor "
-                             "(drop --trace / --predictor)")
-        self.engine = engine
-        engine._prompt = list(prompt_ids)
-        engine._opt = None
-        engine.counters = engine.arena.counters = Counters()
-        self.step = 0
-
-    def forward(self, tokens, cache, phase):
-        """One pass: the prefill (step 0), or a verify pass bookkept as a step labelled ``phase``."""
-        e = self.engine
-        if phase == "prefill":
-            e._begin_step(0, "prefill", tokens)
-        else:
-            self.step += 1
-            e._begin_step(self.step, phase, tokens)
-        e._prompt_hot = []
-        e._moe_in, e._logits = {}, {}
-        return e.model(mx.array(tokens, mx.uint32)[None], cache=cache)
-
-    def end_pass(self):
-        self.engine.arena.policy.tick()
-
-    def close(self):
-        self.engine.arena.finish_speculation()
-        self.engine.arena.release()
 
 
 def _logprobs(logits):
@@ -119,17 +79,18 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
     from mlx_lm.sample_utils import greedy_sampler
     from tqdm.auto import tqdm
 
-    from .engine import Result
-
     if max_tokens < 1 or num_draft_tokens < 1:
         raise ValueError(f"max_tokens and num_draft_tokens must be at least 1, got {max_tokens}, {num_draft_tokens}")
     ids = engine.encode(prompt)
     sampler = sampler or greedy_sampler
     eos = {int(t) for t in eos_token_ids or ()}
-    target_cache, draft_cache = make_prompt_cache(engine.model), make_prompt_cache(draft_model)
-    if not can_trim_prompt_cache(target_cache) or not can_trim_prompt_cache(draft_cache):
+    draft_cache = make_prompt_cache(draft_model)
+    if not can_trim_prompt_cache(make_prompt_cache(engine.model)) or not can_trim_prompt_cache(draft_cache):
         raise ValueError("speculative decoding needs trimmable KV caches (plain attention models)")
-    target = _TargetPasses(engine, ids)
+    if engine.planner is not None:
+        raise ValueError("speculative decoding runs without a trace or a read-ahead predictor (drop --trace / --predictor)")
+    target = Run(engine, ids)  # verify passes run per-layer: claim the union of the pass's experts, then compute
+    target_cache = target.cache
     tokens, pass_times, passes = [], [], []
     residency = hashlib.sha256()
     draft_s = 0.0
@@ -137,8 +98,7 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
                disable=not (engine.progress if progress is None else progress))
     try:
         if len(ids) > 1:
-            target.forward(ids[:-1], target_cache, "prefill")
-            mx.eval([c.state for c in target_cache])
+            target.prefill(mx.array(ids[:-1], mx.uint32), protect=False)
             draft_model(mx.array(ids[:-1], mx.uint32)[None], cache=draft_cache)
             mx.eval([c.state for c in draft_cache])
         y = draft_y = mx.array(ids[-1:], mx.uint32)
@@ -153,11 +113,12 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
             drafts = mx.concatenate(drafts)
             mx.eval(drafts)
             t1 = time.perf_counter()
-            logits = target.forward(mx.concatenate([y, drafts]).tolist(), target_cache, "verify")
+            passes_done = len(passes) + 1
+            logits = target.batch(mx.concatenate([y, drafts]).tolist(), passes_done, "verify")
             verified = sampler(_logprobs(logits[0, -(n_draft + 1):, :]))
             mx.eval(verified)
             t2 = time.perf_counter()
-            target.end_pass()
+            engine.arena.policy.tick()
             residency.update(repr(engine.arena.residency_signature()).encode())
             drafts, verified = drafts.tolist(), verified.tolist()
             n = 0
@@ -170,7 +131,7 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
             bar.update(len(new))
             pass_times.append(t2 - t0)
             draft_s += t1 - t0
-            passes.append({"step": target.step, "drafted": n_draft, "accepted": n, "emitted": len(new),
+            passes.append({"step": passes_done, "drafted": n_draft, "accepted": n, "emitted": len(new),
                            "draft_s": t1 - t0, "verify_s": t2 - t1})
             trim_prompt_cache(target_cache, n_draft - n)
             trim_prompt_cache(draft_cache, max(n_draft - n - 1, 0))

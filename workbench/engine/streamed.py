@@ -68,10 +68,10 @@ class LayerProbe(_Delegating):
     record what they computed; models read layer attributes (e.g. is_linear, layer_type) through it."""
 
     def __call__(self, x, *args, **kwargs):
-        p = self._engine._opt or self._engine._resume  # a pass with ``start`` and ``saved`` outputs, or None
-        if p is None:
+        p = self._engine.current  # the running pass (passes.py): it may keep its layers' outputs
+        if p is None or p.saved is None:
             return self.inner(x, *args, **kwargs)
-        if self._index < p.start:
+        if self._index < p.first:
             return p.saved[self._index]
         out = p.saved[self._index] = self.inner(x, *args, **kwargs)
         return out

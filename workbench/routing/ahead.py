@@ -50,58 +50,60 @@ class Planner:
         self.pending: dict[int, np.ndarray] = {}  # target layer -> all eligible candidates
         self.oracle = None if oracle is None else _oracle_table(oracle)
 
-    def on_route(self, engine, layer, ids) -> None:
+    def on_route(self, run, layer, ids) -> None:
         """The real router chose ``ids`` for ``layer``: teach the gate."""
         cands = self.pending.pop(layer, None)
         if cands is not None and self.gate.learns:
             self.gate.update(layer, cands, np.unique(ids))
 
-    def prediction(self, engine, layer, moe_input, logits):
+    def prediction(self, run, layer, moe_input, logits):
         """Per-layer decode, before ``layer``'s router sync: (target layer, the logits to rank there,
         lazy: the engine evaluates them with the router, so a prediction costs no sync of its own),
-        or (None, None)."""
-        if engine.counters.phase.get(engine.step) != "decode":
+        or (None, None). ``run``: the engine's ``Run``."""
+        if run.counters.phase.get(run.step) != "decode":
             return None, None
-        return self._predict(engine, layer, moe_input, logits)
+        return self._predict(run, layer, moe_input, logits)
 
-    def after_layer(self, engine, layer, target, z) -> None:
+    def after_layer(self, run, layer, target, z) -> None:
         """Per-layer decode, once ``layer``'s experts are launched (their slots still pinned): read
         ``target``'s likely experts, ranking ``z`` (from ``prediction``)."""
         if target is None:
             return
         t0 = time.perf_counter_ns()
-        E = engine.m.n_experts
+        E = run.engine.m.n_experts
         z = to_numpy(z).reshape(-1, E) if isinstance(z, mx.array) else z
-        self._read(engine, target, z, self.width)
-        engine.counters.row(engine.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
+        self._read(run, target, z, self.width)
+        run.counters.row(run.step, layer)["predict_ns"] += time.perf_counter_ns() - t0
 
-    def next_token(self, engine, logits: dict, evict: bool = True) -> None:
+    def next_token(self, run, logits: dict, evict: bool = True) -> None:
         """Optimistic decode, after a token is settled: read the next token's likely experts,
         ranking each MoE layer's router logits of this token (what ``prev`` predicts; a layer
         predictor cannot see the next token's inputs before it runs; ``oracle`` reads the
         recorded selections of the next step)."""
         t0 = time.perf_counter_ns()
+        engine = run.engine
         # the layer predictor ranks this token's logits too, whose top-k are mapped now: look wider
         width = 2 * engine.top_k if self.predictor == "layer" else self.width
         for layer in self.layers:
             if self.predictor == "oracle":
-                z = self._oracle_logits(engine.step + 1, layer, engine.m.n_experts)
+                z = self._oracle_logits(run.step + 1, layer, engine.m.n_experts)
             else:
                 z = logits.get(layer)
             if z is not None:
-                self._read(engine, layer, np.asarray(z, dtype=np.float32).reshape(-1, engine.m.n_experts), width,
+                self._read(run, layer, np.asarray(z, dtype=np.float32).reshape(-1, engine.m.n_experts), width,
                            evict)
-        engine.counters.row(engine.step, self.layers[-1])["predict_ns"] += time.perf_counter_ns() - t0
+        run.counters.row(run.step, self.layers[-1])["predict_ns"] += time.perf_counter_ns() - t0
 
-    def _read(self, engine, target, z, width, evict=True) -> None:
-        arena = engine.arena
+    def _read(self, run, target, z, width, evict=True) -> None:
+        arena = run.arena
         cands = ahead_candidates(z, arena.mapped[target], width, self.mode, self.p, self.b, self.r1,
                                  resident_mask=arena.resident_mask(target))
         self.pending[target] = cands
         for e in self.gate.filter(target, cands):
-            arena.prefetch(target, e, engine.top_k, evict)
+            arena.prefetch(target, e, run.engine.top_k, evict)
 
-    def _predict(self, engine, layer, moe_input, logits):
+    def _predict(self, run, layer, moe_input, logits):
+        engine = run.engine
         E = engine.m.n_experts
         if self.predictor == "layer":
             i = self.pos[layer] + self.distance
@@ -112,7 +114,7 @@ class Planner:
         if self.predictor == "prev":
             return (layer, logits) if logits is not None else (None, None)
         i = self.pos[layer] + self.distance
-        step, target = (engine.step, self.layers[i]) if i < len(self.layers) else (engine.step + 1, self.layers[i - len(self.layers)])
+        step, target = (run.step, self.layers[i]) if i < len(self.layers) else (run.step + 1, self.layers[i - len(self.layers)])
         z = self._oracle_logits(step, target, E)
         return (target, z) if z is not None else (None, None)
 

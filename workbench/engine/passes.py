@@ -1,0 +1,367 @@
+"""Decode passes: what the model's expert call does during one forward pass, one class per mode.
+
+Every MoE layer of the model calls ``Engine.run_experts``, which hands the call to the pass that
+is running (``Engine.using``) and to nothing else. A token's pass is made and started by the
+``Run`` (``run.py``), then finished:
+
+  SyncPass        per-layer decode: a host sync per MoE layer learns the ids, the arena claims
+                  them (prefill and long batches in waves), the experts compute on their slots
+  HandshakePass   per-layer decode with no sync, on CUDA: each layer's ids reach the host through
+                  a mailbox and the slot ids go back in the device's stream (``handshake.py``)
+  ResumePass      a token the handshake gave up, computed again from the layer it gave up at
+  OptimisticPass  verified optimistic decode: the whole token with no host sync, then one sync
+                  verifies the ids, settles the hit layers and recomputes from the first miss
+                  (``optimistic.py``)
+
+Each pass claims through the run's one claim sequence (``arena.claims.Claims``).
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from .optimistic import Rewind, can_rewind, first_miss
+
+
+class EngineError(RuntimeError):
+    """The engine cannot go on (for example: non-finite logits)."""
+
+
+def reseed(key) -> None:
+    """Put MLX's global random key back to ``key`` (an earlier ``mx.random.state[0]``): a token drawn
+    again is drawn with the key of its first draw, as resident mlx-lm draws it once.
+    ``mx.random.seed(n)`` makes the key [n >> 32, n & 0xffffffff]."""
+    hi, lo = (int(w) for w in np.array(key).reshape(-1))
+    mx.random.seed(hi << 32 | lo)
+    if np.array(mx.random.state[0]).reshape(-1).tolist() != [hi, lo]:
+        raise EngineError("this MLX's random.seed does not make the key [seed >> 32, seed & 0xffffffff]: a sampled "
+                          "token given up by the device cannot be drawn again with its key; set Engine.handshake = None")
+
+
+def logit_sum(logits) -> mx.array:
+    """[1] uint32: the bits of the logits' float32 sum, finite when every logit is (one reduction;
+    a sum that is not finite is checked again exactly by ``Run.check_finite``, so an overflow never
+    stops a run)."""
+    return mx.view(mx.sum(logits.astype(mx.float32)).reshape(1), mx.uint32)
+
+
+def sum_finite(bits) -> bool:
+    """Whether the float32 whose bits are ``bits`` (from ``logit_sum``) is finite: its exponent is not all ones."""
+    return (int(bits) & 0x7F800000) != 0x7F800000
+
+
+class Pass:
+    """One forward pass of the model. ``first``: the first decoder layer it computes (``LayerProbe``
+    returns the ``saved`` outputs of earlier ones, for a pass that may compute a token again)."""
+
+    first = 0
+    saved = None  # decoder layer -> its output in this pass, or None: nothing saved
+    attempt = 0  # recomputes so far
+
+    def __init__(self, run, step):
+        self.run, self.step = run, step
+        self.logits: dict = {}  # MoE layer -> router logits (lazy), for hooks, traces and the planner
+        self.moe_in: dict = {}  # MoE layer -> MoE block input
+
+    def experts(self, layer, inner, x, indices):
+        raise NotImplementedError
+
+
+class SyncPass(Pass):
+    """Per-layer decode: sync on the ids, claim, compute (in waves where the batch needs them)."""
+
+    def experts(self, layer, inner, x, indices):
+        run = self.run
+        c = run.counters.row(run.step, layer)
+        target, z = run.predict(layer, self)
+        t0 = time.perf_counter_ns()
+        mx.eval(indices, *([z] if isinstance(z, mx.array) else []))  # one sync: the route and the prediction
+        c["compute_ns"] += time.perf_counter_ns() - t0
+        ids = np.array(indices)
+        waves = run.claims.begin(layer, ids)
+        y = self._compute(layer, inner, x, ids, waves, c)
+        run.claims.end(run.read_ahead(layer, target, z))  # read ahead while the slots are pinned
+        return y
+
+    def _compute(self, layer, inner, x, ids, waves, c):
+        """Run the layer's experts, wave by wave; the last wave's slots stay pinned."""
+        run, y = self.run, None
+        for i, wave in enumerate(waves):
+            table = run.claims.claim(layer, wave)
+            t0 = time.perf_counter_ns()
+            mask = None if len(waves) == 1 else np.isin(ids, wave)  # waves: other waves' ids take a slot of this one
+            slots = table[ids] if mask is None else np.where(mask, table[ids], table[wave[0]])
+            part = inner(x, run.arena.landed(slots))
+            if mask is not None:
+                part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
+            y = part if y is None else y + part
+            if i < len(waves) - 1:
+                mx.eval(y)  # the next wave may overwrite this one's slots: compute first
+                run.claims.next_wave()
+            elif run.engine.pipeline:  # start the experts now; the next layer's router sync waits for them
+                mx.async_eval(y)  # before any slot changes owner (without it, that sync runs them)
+            c["compute_ns"] += time.perf_counter_ns() - t0
+        return y
+
+    def start(self, y):
+        """Build the token's graph (claiming layer by layer) and read the token: one transfer."""
+        run = self.run
+        self.out = run.forward(self, y)
+        self.next, token = run.token_out(self.out)
+        self.host = np.array(token)
+        return self
+
+    def finish(self):
+        """(logits, the next input, the token)."""
+        run = self.run
+        if not sum_finite(self.host[1]):
+            run.check_finite(self.out)
+        run.controller.observe(run.layers_missed())
+        return self.out, self.next, int(self.host[0])
+
+
+class HandshakePass(SyncPass):
+    """Per-layer decode through the handshake: the device sends each layer's ids (and the planner's
+    prediction) and waits in its stream for the slot ids; the host answers as ``SyncPass`` claims."""
+
+    def __init__(self, run, step, hs):
+        super().__init__(run, step)
+        self.hs, self.plans = hs, {}  # plans: MoE layer -> the planner's (target layer, prediction)
+
+    def experts(self, layer, inner, x, indices):
+        target, z = self.run.predict(layer, self)
+        if target is not None:
+            self.plans[layer] = target, z
+        y = inner(x, self.hs.slots(layer, indices, z if isinstance(z, mx.array) else None))
+        if self.hs.per_layer:
+            mx.async_eval(y)
+            self.hs.launched(y)
+            self.serve(wait=False)  # earlier layers whose ids have arrived
+        return y
+
+    def start(self, y):
+        run, hs = self.run, self.hs
+        self.input = y
+        self.key = mx.random.state[0] if run.sampler is not None else None  # a redraw's key
+        hs.begin()
+        self.saved = hs.saved
+        run.counters.row(run.step, run.engine.m.moe_layers[0])["handshake"] += 1
+        try:
+            self.out = run.forward(self, y)
+            self.next, token = run.token_out(self.out)
+            mx.async_eval(token)
+            hs.launched(token)
+            self.serve(wait=True)
+            self.host = np.array(token)
+        except BaseException:
+            hs.abort()  # the device finishes on the placeholder: nothing reads a slot after this
+            raise
+        return self
+
+    def finish(self):
+        gave_up = self.hs.gave_up()
+        if gave_up is not None:
+            self.out = ResumePass(self.run, self.step, self, gave_up).compute()
+            if self.key is not None:
+                reseed(self.key)
+            self.next, token = self.run.token_out(self.out)
+            self.host = np.array(token)
+        return super().finish()
+
+    def serve(self, wait):
+        waited = self.hs.serve(self.answer, wait)
+        self.run.counters.row(self.run.step, self.run.engine.m.moe_layers[0])["compute_ns"] += int(waited * 1e9)
+
+    def answer(self, layer, ids, z) -> list:
+        """The claim of one token's ``ids`` at ``layer``, with the planner's read-ahead (``z``: its
+        prediction's values, sent with the ids): their slot ids. The slots are released at once: the
+        next claim waits for the next layer's ids, which the device sends only once this layer's
+        experts have run."""
+        run = self.run
+        read_ahead = None
+        if run.planner is not None:
+            target, host_z = self.plans.pop(layer, (None, None))
+            read_ahead = run.read_ahead(layer, target, host_z if z is None else z.reshape(1, -1))
+        table = run.claims.route(layer, np.array(ids).reshape(1, 1, -1), read_ahead)
+        return [int(table[e]) for e in ids]
+
+
+class ResumePass(SyncPass):
+    """The token the handshake gave up at MoE layer ``first``, computed again from that layer with a
+    sync per layer: that layer computes on the slots the host answered (its claim was made once, in
+    order), later layers claim as ``SyncPass`` does: one result."""
+
+    def __init__(self, run, step, given_up: HandshakePass, layer):
+        super().__init__(run, step)
+        self.answers, self.saved, self.first = given_up.hs.answers, given_up.hs.saved, layer
+        self.input = given_up.input
+        self.logits, self.moe_in = given_up.logits, given_up.moe_in  # the token's values, layer by layer
+
+    def experts(self, layer, inner, x, indices):
+        if layer == self.first:  # claimed once already
+            return inner(x, mx.array(np.array(self.answers[layer], dtype=np.uint32).reshape(indices.shape)))
+        return super().experts(layer, inner, x, indices)
+
+    def compute(self):
+        """The token's logits, computed again from ``first``."""
+        run, layer = self.run, self.first
+        if not can_rewind(run.cache):
+            raise EngineError(f"the device gave up waiting for the host at MoE layer {layer} and this model's KV "
+                              "cache cannot roll back to compute the token again; set Engine.handshake = None")
+        run.count_recompute(layer)
+        with Rewind(run.cache, layer):
+            return run.forward(self, self.input)
+
+
+class OptimisticPass(Pass):
+    """One token with no host sync per MoE layer: each layer maps its ids through the device table
+    (``Arena.device_lut``: experts not published point at the placeholder slot) and records them;
+    ``finish`` verifies them with one sync, settles the layers before the first miss and recomputes
+    from it (module docstring of ``optimistic.py``)."""
+
+    def __init__(self, run, step):
+        super().__init__(run, step)
+        self.probe = run.controller.probed  # the controller chose this token to probe optimistic decode
+        self.saved: dict = {}
+        self.ids: dict = {}  # MoE layer -> expert ids recorded in this pass
+        self.views: dict = {}  # MoE layer -> its experts on views of its slots, when the arena is frozen
+
+    def experts(self, layer, inner, x, indices):
+        self.ids[layer] = indices
+        view = self.views.get(layer)  # a frozen arena: the layer's slots in id order (Engine._frozen_views)
+        if view is not None:
+            return view(x, indices)
+        return inner(x, self.lut[layer][indices])
+
+    def start(self, y):
+        """Build the token's graph with no host sync and start it on the device."""
+        self.input = y
+        self._build(y)
+        mx.async_eval(self.host)
+        return self
+
+    def _build(self, y):
+        run, eng = self.run, self.run.engine
+        self.lut, self.table = run.arena.device_lut(eng.m.moe_layers)
+        self.views = eng.views
+        # a frozen arena has no miss to verify: ids come back only for whoever reads them
+        self.with_ids = not self.views or eng.hooks.active or run.recorder is not None or run.planner is not None
+        self.out = run.forward(self, y, eng.model if self.with_ids else eng.fast)
+        self.y = mx.argmax(self.out, axis=-1)
+        self.computed = [layer for layer in eng.m.moe_layers if layer >= self.first]
+        # what the planner reads on the host (router logits), as float32; a trace keeps its values on
+        # the device and converts them all when the run ends
+        keep = (self.logits,) if run.planner is not None else ()
+        self.record = [d for d in keep if all(layer in d for layer in self.computed)]
+        # one array, one transfer: every layer's ids, the planner's values (their float32 bits), the
+        # logits' sum (finite?), the token
+        ids = [self.ids[layer].reshape(-1).astype(mx.uint32) for layer in self.computed] if self.with_ids else []
+        values = [mx.view(d[layer].reshape(-1).astype(mx.float32), mx.uint32) for d in self.record
+                  for layer in self.computed]
+        self.host = mx.concatenate(ids + values + [logit_sum(self.out), self.y.astype(mx.uint32)])
+
+    def finish(self):
+        """Verify (one sync), settle the layers that hit, recompute from a miss; (logits, y, token).
+        The next token, if already running (``Run.ahead``), is dropped when this one recomputes."""
+        run = self.run
+        n_moe = len(run.engine.m.moe_layers)
+        run.counters.row(self.step, run.engine.m.moe_layers[0])["optimistic"] += 1
+        settled, t0 = 0, time.perf_counter_ns()
+        while True:
+            ids = self.verify()
+            skip = settled - (n_moe - len(self.computed))  # layers of this pass settled already
+            stop = self.first_missed(ids, skip)
+            self.settle(ids, skip, stop)
+            settled += stop - skip
+            if stop == len(self.computed):
+                break
+            self.recompute(ids, stop)
+            settled += 1
+        run.counters.row(self.step, run.engine.m.moe_layers[0])["compute_ns"] += time.perf_counter_ns() - t0
+        run.arena.unexpose()
+        if not self.finite_ok:
+            run.check_finite(self.out)
+        if run.planner is not None and self.step < run.max_step:  # the next token's likely experts; the
+            # next token may be running already and may read any published slot: then free slots only
+            run.planner.next_token(run, self.logits, evict=run.ahead is None)
+        run.controller.observe(self.attempt, self.probe)
+        return self.out, self.y, self.token
+
+    def verify(self):
+        """The one sync: the token, its finiteness, the computed layers' ids (None when frozen views
+        ran without them) and the planner's values, as numpy."""
+        host = np.array(self.host)
+        self.finite_ok, self.token = sum_finite(host[-2]), int(host[-1])
+        k = self.run.engine.top_k
+        n_ids = len(self.computed) * k if self.with_ids else 0
+        flat, pos = host[n_ids:-2].view(np.float32), 0
+        for d in self.record:
+            for layer in self.computed:
+                n = int(np.prod(d[layer].shape))
+                d[layer] = flat[pos:pos + n].reshape(d[layer].shape)
+                pos += n
+        self.run.last = self
+        return host[:n_ids].reshape(-1, k) if self.with_ids else None
+
+    def first_missed(self, ids, skip) -> int:
+        """Index into ``computed`` of the first layer from ``skip`` whose ids were not all published
+        in this pass's table (len(computed): none)."""
+        if ids is None or self.views:  # frozen views: nothing can miss
+            return len(self.computed)
+        arena = self.run.arena
+        miss = first_miss(arena.lut, self.table, arena.placeholder, self.computed[skip:], ids[skip:])
+        return len(self.computed) if miss is None else skip + miss
+
+    def settle(self, ids, skip, stop) -> None:
+        """Claim layers ``computed[skip:stop]`` (all hits) as per-layer decode would."""
+        claims = self.run.claims
+        if claims.can_settle(self.run.planner):
+            claims.settle(self.computed[skip:stop], None if ids is None else ids[skip:stop])
+            return
+        for j in range(skip, stop):  # claims that can start reads or fire arena hooks: one by one
+            claims.route(self.computed[j], ids[j].reshape(1, 1, -1))
+
+    def recompute(self, ids, stop) -> None:
+        """``computed[stop]`` missed: claim it (reading its misses), read the perturbed pass's picks
+        for later layers, and compute the token again from it."""
+        run = self.run
+        if run.ahead is not None:  # the next token ran on this token's unverified output: drop it
+            mx.eval(run.ahead.y)
+            for c in run.cache:
+                c.trim(1)
+            run.ahead = None
+        layer = self.computed[stop]
+        run.claims.claim(layer, run.claims.begin(layer, ids[stop].reshape(1, 1, -1))[0])
+        run.claims.hold()  # the recompute from this layer reads its slots through the device table
+        self.read_successors(self.computed[stop + 1:], ids[stop + 1:])
+        run.count_recompute(layer)
+        self.first, self.attempt = layer, self.attempt + 1
+        with Rewind(run.cache, layer):
+            self._build(self.input)
+        mx.eval(self.host)
+        run.claims.end()
+
+    def read_successors(self, layers, ids) -> None:
+        """After a miss: the perturbed pass's picks for the later layers are good guesses. With a
+        planner, read the unpublished ones speculatively and wait, so the recompute can use them
+        (``Arena.lut`` includes waited-for speculative slots only while recomputing)."""
+        run = self.run
+        if run.planner is None or not layers:
+            return
+        arena, io, k = run.arena, run.engine.io, run.engine.top_k
+        reqs = []
+        for layer, row in zip(layers, ids):
+            for e in row:
+                req = arena.speculative(layer, int(e)) or arena.prefetch(layer, int(e), k)
+                if req is not None:
+                    reqs.append(req)
+        for req in reqs:  # waited for now: urgent, and the decode thread reads too
+            io.promote(req)
+        for req in reversed(reqs):
+            io.help(req)
+        for req in reqs:
+            req.event.wait()
+        arena.expose(reqs)

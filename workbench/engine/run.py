@@ -1,0 +1,235 @@
+"""One call's state: ``Engine.generate``, ``score``, ``verify`` and the speculative loop each make a
+``Run`` (the step, the KV caches, the controller, the recorder, the token running ahead, the
+claim sequence) and drive the model through passes (``passes.py``).
+
+Read ``generate`` top to bottom: prefill the prompt in one pass, then one token per step. A
+token is an optimistic pass when the controller says so (greedy decoding, no cache-aware routing,
+caches that roll back), else a per-layer pass: through the handshake where it works, else with a
+sync per MoE layer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from ..arena.claims import Claims
+from ..arena.counters import Counters, summarize
+from .optimistic import Controller, can_rewind
+from .passes import EngineError, HandshakePass, OptimisticPass, Pass, SyncPass, logit_sum
+
+
+@dataclass
+class Result:
+    tokens: list  # generated ids
+    prompt: list
+    stats: dict
+    counters: object = None  # pandas DataFrame, one row per (step, layer)
+    logprobs: object = None  # last step's log-probabilities (np.ndarray)
+    text: str | None = None
+    step_times: list = field(default_factory=list)
+
+
+def finite_flag(logits) -> mx.array:
+    """[1] uint32: 1 when every logit is finite."""
+    return mx.all(mx.isfinite(logits)).astype(mx.uint32).reshape(1)
+
+
+class Run:
+    """The state of one call on ``engine``. ``prompt``: the ids; ``max_step``: decode steps at most;
+    ``recorder``: a trace recorder (attached until ``close``); ``sampler``: None for greedy."""
+
+    def __init__(self, engine, prompt, max_step=0, recorder=None, sampler=None):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.engine, self.arena = engine, engine.arena
+        self.prompt, self.max_step, self.recorder, self.sampler = list(prompt), max_step, recorder, sampler
+        self.router, self.planner = engine.router, engine.planner
+        if recorder is not None:
+            recorder.attach(engine)
+        self.counters = self.arena.counters = Counters()
+        self.controller = Controller(engine.decode, len(engine.m.moe_layers), engine.sync_cost,
+                                     expect_misses=engine.n_slots < engine.m.n_routed)
+        self.claims = Claims(self.arena, engine.top_k, on_begin=self.selected)
+        self.cache = make_prompt_cache(engine.model)
+        self.step, self.pos0 = 0, 0
+        self.last = Pass(self, 0)  # the pass whose layer values the hook points read
+        self.ahead = None  # greedy optimistic decode: the next token's pass, launched before this one settles
+
+    # ---- the decode loop ---------------------------------------------------------------
+    def generate(self, bar, eos) -> tuple:
+        """Prefill, then decode up to ``max_step`` tokens (stopping after one in ``eos``):
+        (last logits, tokens, step times, residency hash)."""
+        residency = hashlib.sha256()
+        tokens, times = [], []
+        if len(self.prompt) > 1:  # prefill: every prompt token but the last, in one pass
+            self.prefill(mx.array(self.prompt[:-1]))
+        y, logits = mx.array(self.prompt[-1:]), None
+        for step in range(1, self.max_step + 1):
+            t0 = time.perf_counter()
+            logits, y, token = self.token(step, y)
+            times.append(time.perf_counter() - t0)
+            tokens.append(token)
+            residency.update(self.arena.residency_signature())
+            self.arena.policy.tick()
+            if self.engine.hooks.active:
+                self.engine.hooks.fire("token.end", token, step=self.step, counters=self.counters.rows)
+            bar.update(1)
+            if token in eos:
+                break
+        return logits, tokens, times, residency.hexdigest()
+
+    def token(self, step, y) -> tuple:
+        """One decode step: (logits, the next input, the token)."""
+        if self.ahead is not None:  # this token's optimistic pass was launched during the last one
+            p, self.ahead = self.ahead, None
+        elif self.sampler is None and self.optimistic_now():
+            p = OptimisticPass(self, step).start(y)
+        else:
+            p = None
+        if p is not None and self.sampler is None and step < self.max_step and self.optimistic_now():
+            self.ahead = OptimisticPass(self, step + 1).start(p.y)  # its graph is built before this one's sync
+        self.begin_step(step, "decode")
+        if p is None:
+            hs = self.engine.handshake if self.handshake_now() else None
+            p = (SyncPass(self, step) if hs is None else HandshakePass(self, step, hs)).start(y)
+        return p.finish()
+
+    def prefill(self, x, protect=True) -> None:
+        """Prompt tokens ``x`` (a 1-D array) in one pass, step 0; ``protect``: keep the prompt's
+        hottest experts hottest afterwards."""
+        self.begin_step(0, "prefill")
+        self.call(SyncPass(self, 0), x[None])
+        mx.eval([c.state for c in self.cache])
+        if protect:
+            self.claims.protect_prompt_hot()
+
+    def batch(self, tokens, step, phase):
+        """A batch of tokens in one per-layer pass, bookkept as ``step`` of ``phase``: its logits."""
+        self.begin_step(step, phase)
+        return self.call(SyncPass(self, step), mx.array(tokens, mx.uint32)[None])
+
+    def close(self) -> None:
+        """The end of the call: nothing reads a slot any more, open speculation is settled."""
+        try:
+            if self.ahead is not None:
+                mx.eval(self.ahead.y)  # nothing may still read a slot when the arena is cleaned up
+                self.ahead = None
+            self.arena.finish_speculation()
+            self.arena.release()
+            if self.planner is not None:
+                self.planner.end()
+        finally:
+            if self.recorder is not None:
+                self.recorder.detach(self.engine)  # a failed run writes no trace and leaves no hooks behind
+
+    # ---- what the passes share -----------------------------------------------------------
+    def begin_step(self, step, phase) -> None:
+        self.step = self.arena.step = step
+        self.counters.phase[step] = phase
+        self.pos0 = 0 if phase == "prefill" else len(self.prompt) - 2 + step
+
+    def call(self, p, x, model=None):
+        """The model on ``x`` with ``p`` serving its expert calls."""
+        self.last = p
+        with self.engine.using(p):
+            return (model or self.engine.model)(x, cache=self.cache)
+
+    def forward(self, p, y, model=None):
+        """One decode token through ``p``: the last position's logits."""
+        return self.call(p, y[None], model)[:, -1, :]
+
+    def token_out(self, logits):
+        """The next input, and what the host reads of the token in one transfer: the token id and the
+        bits of the logits' sum (finite?)."""
+        if self.sampler is None:
+            nxt = mx.argmax(logits, axis=-1)
+        else:
+            nxt = self.sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        return nxt, mx.concatenate([nxt.astype(mx.uint32), logit_sum(logits)])
+
+    def selected(self, layer, ids) -> None:
+        """A layer's experts are known (host ids), before the arena claims them (``Claims.begin``):
+        the ``experts.selected`` hook point carries what recorders need, then the planner learns the
+        route."""
+        eng = self.engine
+        name = eng.names[layer]["experts.selected"]
+        if eng.hooks.active and eng.hooks.subscribers(name):  # its context is built only for a listener
+            eng.hooks.fire(name, ids, layer=layer, step=self.step, phase=self.counters.phase.get(self.step, "decode"),
+                           position=self.pos0, logits=self.last.logits.get(layer),
+                           moe_input=self.last.moe_in.get(layer), resident=self.arena.published_experts(layer),
+                           predictions=self.planner.candidates(layer) if self.planner is not None else {})
+        if self.planner is not None:
+            self.planner.on_route(self, layer, ids)
+
+    def predict(self, layer, p):
+        """The planner's (target layer, lazy logits to rank there) at ``layer``, or (None, None)."""
+        if self.planner is None:
+            return None, None
+        return self.planner.prediction(self, layer, p.moe_in.get(layer), p.logits.get(layer))
+
+    def read_ahead(self, layer, target, z):
+        """What a claim of ``layer`` runs while its slots are pinned: the planner's reads for
+        ``target`` (None: nothing)."""
+        if self.planner is None or target is None:
+            return None
+        return lambda: self.planner.after_layer(self, layer, target, z)
+
+    def optimistic_now(self) -> bool:
+        """Optimistic decode needs the exact router (no cache-aware routing) and caches that can
+        roll back one position; the controller decides from the recent miss pattern."""
+        return self.router is None and can_rewind(self.cache) and self.controller.optimistic()
+
+    def handshake_now(self) -> bool:
+        """The handshake serves a per-layer token when nothing needs the layers' values on the host
+        while the token's graph is built (no forward hook, no cache-aware routing; the planner's
+        prediction travels with the ids, and the other hook points, traces included, fire in the
+        claim), from the second decode step on: the first loads the decode kernels a process has not
+        used yet, which may wait for the device (it would then give the token up: ``handshake.py``)."""
+        eng = self.engine
+        return (eng.handshake is not None and self.step > 1 and self.router is None
+                and not (eng.hooks.active and eng.forward_hooked()))
+
+    def layers_missed(self) -> int:
+        rows = [self.counters.row(self.step, layer) for layer in self.engine.m.moe_layers]
+        return sum(1 for r in rows if r["sync_misses"] or r["prefetch_useful_late"])
+
+    def count_recompute(self, layer) -> None:
+        c = self.counters.row(self.step, layer)
+        c["recomputes"] += 1
+        c["recomputed_layers"] += len(self.engine.model.layers) - layer
+
+    def check_finite(self, logits) -> None:
+        if bool(finite_flag(logits).item()):
+            return
+        raise EngineError(f"non-finite logits at decode step {self.step}: {self._first_nonfinite()}; "
+                          "the output would be wrong (token 0), so the run stops")
+
+    def _first_nonfinite(self) -> str:
+        for layer in self.engine.m.moe_layers:
+            for what, d in (("MoE input", self.last.moe_in), ("router logits", self.last.logits)):
+                v = d.get(layer)
+                if v is not None and not bool(finite_flag(v).item()):
+                    return f"first seen in layer {layer}'s {what}"
+        if not self.last.moe_in:
+            return "a frozen arena's fast path keeps no layer's values (decode='layer' names the layer)"
+        return "every MoE layer's input and router logits were finite (the head or a dense layer produced them)"
+
+    def stats(self, times, tokens, residency_hash) -> dict:
+        eng = self.engine
+        stats = summarize(self.counters.totals("decode"))
+        stats["prefill"] = summarize(self.counters.totals("prefill"))
+        med = float(np.median(times)) if times else 0.0
+        stats.update(tokens=len(tokens), distinct_tokens=len(set(tokens)), decode_s=float(sum(times)),
+                     tokens_per_s=len(times) / sum(times) if times and sum(times) > 0 else 0.0,
+                     median_token_ms=med * 1e3, residency_hash=residency_hash[:16], arena_slots=eng.n_slots,
+                     routed_experts=eng.m.n_routed, expert_bytes=eng.m.expert_bytes,
+                     slot_writes=self.arena.writes, device=str(mx.default_device()))
+        stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
+        if not eng.reader.through_page_cache:  # reads bypass the page cache: its hits do not apply
+            stats["page_cache_hits"] = stats["prefill"]["page_cache_hits"] = None
+        return stats
