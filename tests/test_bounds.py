@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench.analysis.bounds import (allocate_slots, belady, belady_misses, hit_curves, knapsack_bound, knapsack_set,
-                                       next_use, stack_distances)
+                                       stack_distances)
 from workbench.arena.policies import POLICIES, load_all
 from workbench.sim.replay import replay_keys
+from workbench.sim.requests import next_use
 from workbench.trace.synthetic import synthetic_trace
 
 load_all()

@@ -16,7 +16,8 @@ import pytest
 
 from tests.hostile_util import REPO, assert_clean_error
 from workbench.fsutil import os_error_hint, temp_dir
-from workbench.store import cache
+from workbench.model import weight_files
+from workbench.store import cache, locks
 from workbench.store.manifest import MANIFEST, StoreError
 from workbench.store.pack import pack
 
@@ -93,7 +94,7 @@ def test_cache_key_follows_content_not_mtime(model_dir, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(model_dir, copy)
     assert cache.store_key(copy) == key
-    weights = next(iter(cache.weight_files(copy)))
+    weights = next(iter(weight_files(copy)))
     size = weights.stat().st_size
     with open(weights, "r+b") as f:  # same shapes, other values: another store
         f.seek(size - 100)
@@ -106,7 +107,7 @@ def test_cache_key_follows_content_not_mtime(model_dir, tmp_path):
 
 
 def test_damaged_safetensors_header_is_one_line(model_dir):
-    weights = next(iter(cache.weight_files(model_dir)))
+    weights = next(iter(weight_files(model_dir)))
     with open(weights, "r+b") as f:
         f.write((2**60).to_bytes(8, "little"))
     with pytest.raises(ValueError, match="header length .* does not fit the file"):
@@ -119,7 +120,7 @@ HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from workbench.fsutil import temp_dir
-    from workbench.store.cache import hold_packing_lock
+    from workbench.store.locks import hold_packing_lock
     tmp = temp_dir(".s.tmp-", Path(sys.argv[1]))
     (tmp / "experts.bin").write_bytes(b"partial")
     hold_packing_lock(tmp)
@@ -137,16 +138,16 @@ def _holder(parent):
 def test_a_live_packers_folder_is_kept_a_dead_ones_removed(model_dir, tmp_path):
     p, tmp = _holder(tmp_path)
     try:
-        assert tmp.is_dir() and not cache.is_stale(tmp)
-        assert cache.clean_stale(tmp_path) == [] and tmp.is_dir()
+        assert tmp.is_dir() and not locks.is_stale(tmp)
+        assert locks.clean_stale(tmp_path) == [] and tmp.is_dir()
     finally:
         p.kill()
         p.wait()
-    assert cache.is_stale(tmp)
+    assert locks.is_stale(tmp)
     unmarked = temp_dir(".s.tmp-", tmp_path)  # not a packer's folder: never touched
     pack(model_dir, tmp_path / "s", progress=False)
     assert not tmp.exists() and unmarked.is_dir()
-    assert (tmp_path / "s" / MANIFEST).exists() and not (tmp_path / "s" / cache.PACKING).exists()
+    assert (tmp_path / "s" / MANIFEST).exists() and not (tmp_path / "s" / locks.PACKING).exists()
 
 
 def test_cache_list_shows_and_rm_removes_a_dead_packers_folder(cache_env):
@@ -200,7 +201,7 @@ def test_killed_pack_leaves_a_folder_the_next_pack_removes(model_dir, tmp_path, 
     os.kill(p.pid, sig)
     p.wait(timeout=60)
     left = list((tmp_path / "out").glob(".s.tmp-*"))
-    assert len(left) == 1 and cache.is_stale(left[0])
+    assert len(left) == 1 and locks.is_stale(left[0])
     pack(model_dir, target, progress=False)
     assert not left[0].exists() and (target / MANIFEST).exists()
 

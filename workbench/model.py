@@ -56,6 +56,11 @@ def load_config(path: Path) -> dict:
     return validate_config(raw, f)
 
 
+def weight_files(model_dir) -> list[Path]:
+    """The ``model*.safetensors`` files of an mlx-lm model directory, sorted by name."""
+    return sorted(Path(model_dir).glob("model*.safetensors"))
+
+
 # field -> (smallest, largest) accepted. Bounds are far above any released model and stop a
 # damaged config before it sizes an allocation (sizes multiply: keep each factor sane).
 CONFIG_BOUNDS = {

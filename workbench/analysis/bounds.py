@@ -21,34 +21,21 @@ import heapq
 import numpy as np
 import pandas as pd
 
-__all__ = ["next_use", "knapsack_bound", "knapsack_set", "belady", "belady_misses", "hit_curves", "allocate_slots", "stack_distances"]
+from ..sim.replay import replay_keys
+from ..sim.requests import Requests, load, next_use, requests_from_trace
+from ..trace.schema import Trace
+
+__all__ = ["knapsack_bound", "knapsack_set", "belady", "belady_misses", "hit_curves", "allocate_slots", "stack_distances"]
 
 
 def _keys_layers(source, phase=None):
     """(keys, layers, n_experts) from a trace/path, a Requests, or a plain key array (layers None)."""
-    from ..sim.requests import Requests, requests_from_trace
-    from ..trace.schema import Trace
-
     if isinstance(source, Requests):
         return source.keys, source.layer, source.n_experts
     if isinstance(source, (Trace, str)) or hasattr(source, "__fspath__"):
         req = requests_from_trace(source, phase=phase)
         return req.keys, req.layer, req.n_experts
     return np.asarray(source, dtype=np.int64), None, None
-
-
-def next_use(keys) -> np.ndarray:
-    """Index of each request's next request for the same key, or -1 if none (vectorized)."""
-    keys = np.asarray(keys, dtype=np.int64)
-    n = len(keys)
-    nxt = np.full(n, -1, dtype=np.int64)
-    if n < 2:
-        return nxt
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    same = sk[1:] == sk[:-1]
-    nxt[order[:-1][same]] = order[1:][same]
-    return nxt
 
 
 def _sizes_for(uniq, sizes):
@@ -86,9 +73,6 @@ def knapsack_set(source, budget_bytes, sizes=None, phase=None) -> pd.DataFrame:
 def _default_sizes(source, sizes):
     if sizes is not None:
         return sizes
-    from ..sim.requests import load
-    from ..trace.schema import Trace
-
     if isinstance(source, (Trace, str)) or hasattr(source, "__fspath__"):
         eb = load(source).meta.get("expert_bytes")
         if eb:
@@ -217,8 +201,6 @@ def hit_curves(source, capacities=None, policy="lru", phase=None, per_layer=True
         elif policy == "belady":
             hits = np.array([int(belady(ks, c).sum()) for c in caps])
         else:
-            from ..sim.replay import replay_keys
-
             hits = np.array([replay_keys(ks, policy, int(c), preload=False).hits for c in caps])
         for c, h in zip(caps, hits):
             rows.append(dict(layer=L, slots=int(c), lookups=n, hits=int(h), hit_rate=(h / n) if n else 0.0, policy=policy))

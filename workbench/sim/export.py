@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..analysis.bounds import next_use
 from ..fsutil import atomic_write
-from .requests import load, requests_from_trace, select_rows
+from .requests import load, next_use, requests_from_trace, select_rows
 
 __all__ = ["ORACLE_GENERAL", "FORMATS", "request_frame", "export_oraclegeneral", "read_oraclegeneral", "export_csv", "export"]
 

@@ -3,6 +3,7 @@
 One request per routed expert, in trace order (rows as stored, ``selected`` left to right),
 key = ``layer * n_experts + expert``. ``token_end`` marks the last request of each decode
 step (where the engine calls ``policy.tick()``).
+``next_use`` gives each request's next request for the same key (Belady, oracleGeneral).
 """
 
 from __future__ import annotations
@@ -107,6 +108,20 @@ def requests_from_trace(trace, phase=None) -> Requests:
         n_keys=span * n_experts,
         n_routed=max(1, len(moe_layers)) * n_experts,
     )
+
+
+def next_use(keys) -> np.ndarray:
+    """Index of each request's next request for the same key, or -1 if none (vectorized)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    n = len(keys)
+    nxt = np.full(n, -1, dtype=np.int64)
+    if n < 2:
+        return nxt
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    same = sk[1:] == sk[:-1]
+    nxt[order[:-1][same]] = order[1:][same]
+    return nxt
 
 
 def parse_arena(arena, n_routed: int, expert_bytes: int | None = None) -> int:

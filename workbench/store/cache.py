@@ -8,26 +8,24 @@ re-trained weights of the same shapes get a new one.
 
 Packing is safe to interrupt and to race: one process packs a key at a time (an ``flock`` on
 ``stores/.KEY.lock``; a second waits, then reuses the result), and a packer's temp folder holds a
-locked ``.packing`` file, so a folder whose lock is free belongs to a dead packer and is removed.
+locked ``.packing`` file, so a folder whose lock is free belongs to a dead packer and is removed
+(``locks``, which ``pack`` shares).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
-import os
 import shutil
 import struct
-import sys
 from pathlib import Path
 
 from ..fsutil import cache_dir
-from ..model import ModelError, config_hash, load_config
+from ..model import ModelError, config_hash, load_config, weight_files
+from .locks import clean_stale, file_lock, is_stale, stale_temp_dirs
 from .manifest import MANIFEST
 
-PACKING = ".packing"  # inside a packer's temp folder, flock'ed while it runs
 SAMPLES, SAMPLE_BYTES = 16, 4096
 WHOLE_FILE = 64 << 20  # weight files up to this size are hashed whole
 MAX_HEADER = 100 << 20
@@ -35,10 +33,6 @@ MAX_HEADER = 100 << 20
 
 def stores_dir() -> Path:
     return cache_dir() / "stores"
-
-
-def weight_files(model_dir) -> list[Path]:
-    return sorted(Path(model_dir).glob("model*.safetensors"))
 
 
 def safetensors_header(path: Path) -> bytes:
@@ -82,63 +76,6 @@ def store_key(model_dir) -> str:
 def cached_store_path(model_dir) -> Path:
     model_dir = Path(model_dir)
     return stores_dir() / f"{model_dir.resolve().name}-{store_key(model_dir)}"
-
-
-@contextlib.contextmanager
-def file_lock(path: Path, waiting: str | None = None):
-    """Hold an exclusive ``flock`` on ``path`` (created if missing); say ``waiting`` if it must wait."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if waiting:
-                print(waiting, file=sys.stderr, flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def hold_packing_lock(tmp: Path) -> int:
-    """Mark ``tmp`` as a live packer's folder; the lock goes with the process (kill -9 included)."""
-    fd = os.open(tmp / PACKING, os.O_RDWR | os.O_CREAT, 0o666)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return fd
-
-
-def is_stale(tmp: Path) -> bool:
-    """True for a packer's temp folder whose packer is gone (its ``.packing`` lock is free)."""
-    marker = tmp / PACKING
-    if not marker.is_file():
-        return False  # not a folder this module marked: never touched
-    try:
-        fd = os.open(marker, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def stale_temp_dirs(parent: Path, name: str | None = None) -> list[Path]:
-    pattern = f".{name}.tmp-*" if name else ".*.tmp-*"
-    return [p for p in sorted(Path(parent).glob(pattern)) if p.is_dir() and is_stale(p)]
-
-
-def clean_stale(parent: Path, name: str | None = None) -> list[Path]:
-    """Remove temp folders of dead packers in ``parent`` (of store ``name``, or all); returns them."""
-    gone = []
-    for p in stale_temp_dirs(parent, name):
-        shutil.rmtree(p, ignore_errors=True)
-        gone.append(p)
-    return gone
 
 
 def resolve_store(path, progress=True, store=None) -> Path:

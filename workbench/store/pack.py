@@ -16,8 +16,9 @@ from tqdm.auto import tqdm
 
 from .. import __version__
 from ..fsutil import cache_dir, temp_dir
-from ..model import ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of
-from .cache import PACKING, clean_stale, file_lock, hold_packing_lock, weight_files
+from ..model import (ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of,
+                     weight_files)
+from .locks import PACKING, clean_stale, file_lock, hold_packing_lock
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, StoreError, file_crc32
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -36,7 +37,7 @@ def load_mlx_model(model_dir: Path):
     model_dir = Path(model_dir)
     config = load_config(model_dir)
     model_classes(config)  # an unsupported family fails here, before any weight is read
-    if not list(model_dir.glob("model*.safetensors")):
+    if not weight_files(model_dir):
         raise ModelError(f"{model_dir} has no model*.safetensors; point at an mlx-lm model directory")
     try:
         model, _ = load_model(model_dir, lazy=True, model_config=config)

@@ -120,6 +120,7 @@ def _token_ends(token_end, n):
 POLICIES: dict[str, type[Policy]] = {}
 # Options any policy accepts (and may ignore), so callers can pass them uniformly.
 COMMON_OPTIONS = frozenset({"n_keys", "n_experts"})
+POLICY_MODULES = ("lru", "slru", "twohit", "ds4", "static", "s3fifo", "lfu", "fifo")
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -127,10 +128,16 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
+def load_all():
+    """Import every policy module so each registers itself in ``POLICIES``."""
+    import importlib
+
+    for mod in POLICY_MODULES:
+        importlib.import_module(f"{__package__}.{mod}")
+
+
 def make_policy(name: str, capacity: int, **options) -> Policy:
     """Build a policy by name; unknown names raise a ValueError listing the valid ones."""
-    from . import load_all
-
     load_all()  # registers every policy module
 
     try:
