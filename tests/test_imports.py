@@ -38,12 +38,8 @@ LEVELS = [
 TRAIN = "train"
 NOTEBOOKS = len(LEVELS)  # above every level
 
-# Import circles still allowed, each the set of its modules. Removed by the Run/Pass refactor
-# (issue 28): speculative.py imports Result from engine.py (lazily), engine.py imports
-# SpeculativeMixin. Delete the entry once that circle is gone; the tests below say when.
-KNOWN_CYCLES = {
-    ("workbench.engine.engine", "workbench.engine.speculative"),
-}
+# Import circles still allowed, each the set of its modules (none: keep it that way).
+KNOWN_CYCLES: set = set()
 
 
 def level_of(module: str) -> int | None:
