@@ -5,12 +5,11 @@ expert module computing on the arena's slots and probes at the router, the MoE b
 decoder layer (``streamed.py``). One call's state lives in a ``Run`` (``run.py``: read its
 ``generate`` for the decode loop); inside the model every MoE layer calls ``run_experts``, which
 hands the call to the pass that is running (``passes.py``) and to nothing else. A full arena is
-frozen: optimistic tokens then run mlx-lm's own model on views of the slots (``_fast_model``).
+frozen: optimistic tokens then run mlx-lm's own model on views of the slots (``frozen.py``).
 """
 
 from __future__ import annotations
 
-import copy
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from ..sizes import arena_slots
 from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
+from .frozen import fast_model, frozen_views
 from .handshake import Handshake
 from .passes import EngineError, reseed  # noqa: F401  (their home is passes.py; imported from here too)
 from .run import Result, Run
@@ -120,41 +120,11 @@ class Engine(SpeculativeMixin):
         if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
             warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
         self.arena.preload(list(dict.fromkeys(warm)))
-        self.views = self._frozen_views()
-        self.fast = self._fast_model() if self.views else None
+        self.views = frozen_views(self)  # a full arena: each layer's experts on views of its slots
+        self.fast = fast_model(self) if self.views else None  # and mlx-lm's own model computing on them
         self._tokenizer = None
         # the cache-aware router (None: exact) and the read-ahead planner (None: no read-ahead)
         self.ahead_config, self.router, self.planner = configure(self, ahead)
-
-    def _frozen_views(self) -> dict:
-        """Once every routed expert is published nothing is ever evicted, so residency is frozen.
-        Each layer's experts then sit in consecutive slots in id order (``Arena.preload``): layer ->
-        a copy of its expert module computing on views of those slots with the router's own ids,
-        for optimistic decode (no table lookup, no miss to verify). {} otherwise."""
-        if not self.arena.frozen:
-            return {}
-        views = {}
-        for layer, inner in self.inners.items():
-            row = self.arena.lut[layer]
-            first = int(row[0])
-            if not np.array_equal(row, first + np.arange(self.m.n_experts)):
-                return {}
-            shared = {id(a): a for _, a in tree_flatten(inner.parameters())}  # the copy shares every array...
-            view = copy.deepcopy(inner, shared)
-            view.update(tree_unflatten([(t.name, self.arena.tensors[t.name][first:first + self.m.n_experts])
-                                        for t in self.m.tensors]))  # ...but computes on its layer's slots
-            views[layer] = view
-        mx.eval([a for v in views.values() for _, a in tree_flatten(v.parameters())])
-        return views
-
-    def _fast_model(self):
-        """mlx-lm's own model, sharing every array, with the frozen views as its experts: a frozen
-        arena decodes with it while nothing listens (no probe, no hook point, no table)."""
-        model = build_model(self.config, self.m.data.get("quantized") or None)
-        for layer, (path, _) in expert_modules(model).items():
-            set_path(model, path, self.views[layer])
-        model.load_weights(self._resident, strict=False)
-        return model
 
     @contextmanager
     def routing(self, router=None, planner=None):
@@ -195,7 +165,7 @@ class Engine(SpeculativeMixin):
             diff = sorted(set(want) ^ set(have))[:3] or [k for k in want if want[k] != have.get(k)][:3]
             raise StoreError(f"{RESIDENT} in {self.root} does not match the model (e.g. {diff}); pack the model again")
         model.load_weights(list(resident.items()), strict=False)
-        self._resident = list(resident.items())  # the same arrays: a second model can share them
+        self.resident = list(resident.items())  # the same arrays: a second model can share them (frozen.py)
         mx.eval(model.parameters())
         self.blocks, self.gates = {}, {}
         self.inners = {layer: module for layer, (_, module) in experts.items()}
