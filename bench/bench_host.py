@@ -6,9 +6,9 @@
 
 Per-layer decode on the reference model (``--mid``: the mid-size random model) from a one-token prompt (no prefill), with the engine's
 per-layer functions and MLX's eval calls wrapped in timers (about a microsecond each): microseconds
-per MoE layer and calls per layer, nested (``at_layer`` runs inside ``_compute``, the reads inside
+per MoE layer and calls per layer, nested (``at_layer`` runs inside ``SyncPass._compute``, the reads inside
 ``at_layer``; ``mx.eval`` holds the router sync's wait for the device; with the handshake on CUDA the
-claims run in ``_answer`` inside ``_serve``, which also holds the wait for the device). The sync floor (resident
+claims run in ``HandshakePass.answer`` inside ``HandshakePass.serve``, which also holds the wait for the device). The sync floor (resident
 mlx-lm with one forced host sync per MoE layer) is timed beside it. cProfile (``bench_engine.py
 --profile``) sees more functions but slows each call several times over.
 """
@@ -26,11 +26,12 @@ import mlx_lm.models.switch_layers as switch_layers
 from mlx_lm.generate import generate_step
 
 import workbench.arena.staging as staging_module
-import workbench.engine.engine as engine_module
+import workbench.engine.passes as passes_module
 from bench_engine import mid_model, sync_floor_model, token_ms
 from workbench.config import ArenaConfig, IOConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
+from workbench.engine.run import Run
 
 SPENT, CALLS = collections.defaultdict(int), collections.defaultdict(int)
 READS = []  # (ns submitted -> started, ns started -> done, bytes) per demand read waited for
@@ -76,11 +77,14 @@ def instrument(eng):
     if arena.staging is not None:
         for name in ("take", "_launch"):
             setattr(arena.staging, name, timed("staging." + name, getattr(arena.staging, name)))
-    for name in ("run_experts", "_compute", "_selected", "_serve", "_answer"):
-        setattr(eng, name, timed("engine." + name, getattr(eng, name)))
+    eng.run_experts = timed("engine.run_experts", eng.run_experts)
+    for cls, names in ((passes_module.SyncPass, ("experts", "_compute")), (passes_module.HandshakePass, ("serve", "answer")),
+                       (Run, ("selected",))):
+        for name in names:  # passes are made per token: time their class's methods
+            setattr(cls, name, timed(f"{cls.__name__}.{name}", cls.__dict__[name]))
     for cls in (switch_layers.SwitchGLU, switch_layers.SwitchMLP):
         cls.__call__ = timed(f"{cls.__name__} (graph)", cls.__call__)
-    engine_module.mx = staging_module.mx = TimedMX()
+    passes_module.mx = staging_module.mx = TimedMX()
 
 
 def main():
