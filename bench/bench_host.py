@@ -73,9 +73,10 @@ def instrument(eng):
             if r.t_start and r.t_done:
                 READS.append((r.t_start - r.t_submit, r.t_done - r.t_start, r.bytes_read))
     arena._wait_all = waited
-    if arena.staging is not None:
+    staging = getattr(arena.slots, "staging", None)
+    if staging is not None:
         for name in ("take", "_launch"):
-            setattr(arena.staging, name, timed("staging." + name, getattr(arena.staging, name)))
+            setattr(staging, name, timed("staging." + name, getattr(staging, name)))
     for name in ("run_experts", "_compute", "_selected", "_serve", "_answer"):
         setattr(eng, name, timed("engine." + name, getattr(eng, name)))
     for cls in (switch_layers.SwitchGLU, switch_layers.SwitchMLP):

@@ -40,7 +40,7 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
-from ..arena.staging import _cudart, _Pinned, cuda_available
+from ..cuda import Pinned as _Pinned, available as cuda_available, runtime as _cudart
 
 HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
 _READY, _DONE, _GAVE_UP, _PLACEHOLDER, _LIMIT, _CONTROL, _VOID = range(7)
