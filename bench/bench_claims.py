@@ -47,18 +47,19 @@ def claim_us(arena, seq):
 
 def read_us(arena, fd, blobs, n_claims):
     """The blobs read where the arena reads them: into slots in turn (direct), or into bounce rows."""
-    if arena.views is not None:
-        targets = arena.views
+    slots = arena.slots
+    if slots.in_place:
+        targets = slots.views
     else:
-        rows = [arena.staging.take() for _ in range(8)]
+        rows = [slots.staging.take() for _ in range(8)]
         targets = [row.views for row in rows]
     t = time.perf_counter()
     for i, b in enumerate(blobs):
         os.preadv(fd, targets[i % len(targets)], b.offset)
     dt = time.perf_counter() - t
-    if arena.views is None:
+    if not slots.in_place:
         for row in rows:
-            arena.staging.give(row)
+            slots.staging.give(row)
     return dt / n_claims * 1e6
 
 

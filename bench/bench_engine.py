@@ -185,8 +185,9 @@ def main():
                              progress=False) as eng:
                 if inline != "engine":
                     eng.io.inline_below = int(inline)
-                if landing == "dma" and eng.arena.staging is not None:
-                    eng.arena.staging.kernel = False
+                staging = getattr(eng.arena.slots, "staging", None)
+                if landing == "dma" and staging is not None:
+                    staging.kernel = False
                 elif landing not in ("engine", "dma", "kernel"):
                     raise SystemExit(f"--landing {landing}: use kernel or dma")
                 if pipe != "engine":
@@ -213,7 +214,6 @@ def main():
                 label = decode + ("" if ahead == "none" else f"+{ahead}") + ("" if inline == "engine" else f" inline<{inline}")
                 label += "" if pipe == "engine" else f" pipe-{pipe}"
                 label += "" if hs == "engine" else f" hs-{hs}"
-                staging = eng.arena.staging
                 if landing != "engine" and staging is not None and staging.device_copy:
                     label += " kernel" if staging.kernel else " dma"
                 print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "

@@ -74,9 +74,10 @@ def instrument(eng):
             if r.t_start and r.t_done:
                 READS.append((r.t_start - r.t_submit, r.t_done - r.t_start, r.bytes_read))
     arena._wait_all = waited
-    if arena.staging is not None:
+    staging = getattr(arena.slots, "staging", None)
+    if staging is not None:
         for name in ("take", "_launch"):
-            setattr(arena.staging, name, timed("staging." + name, getattr(arena.staging, name)))
+            setattr(staging, name, timed("staging." + name, getattr(staging, name)))
     eng.run_experts = timed("engine.run_experts", eng.run_experts)
     for cls, names in ((passes_module.SyncPass, ("experts", "_compute")), (passes_module.HandshakePass, ("serve", "answer")),
                        (Run, ("selected",))):

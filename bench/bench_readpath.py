@@ -57,7 +57,7 @@ def slot_writes(store, n=64, reps=3, per_claim=1):
         reader = BlobReader(store, m, verify="never")
         io = IOScheduler(reader, workers=2, reserved=1)
         arena = Arena(m, max(k, m.top_k), io, Counters(), Hooks(), "lru", writes=writes)
-        staging = arena.staging
+        staging = getattr(arena.slots, "staging", None)
         able = {"kernel": getattr(staging, "kernel", False), "batch": getattr(staging, "batched", False),
                 "per tensor": getattr(staging, "device_copy", False)}
         if how is not None and how != "kernel" and not able[how]:  # not here: the first staged row covers it

@@ -28,7 +28,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from workbench.arena.staging import cuda_available
+from workbench import cuda
 from workbench.engine.engine import parse_device
 
 _IDS_SOURCE = """
@@ -94,9 +94,7 @@ def token(x, w, lut, variant, kernel, top_k):
 def pinned_tables(n, top_k):
     """``n`` tables of 1 + top_k uint64 in pinned host memory, as (numpy view, the GPU's address), and
     the memory itself (freed once that is gone: keep it)."""
-    from workbench.arena.staging import _cudart, _Pinned
-
-    chunk = _Pinned(_cudart(), n * 64 * 8)
+    chunk = cuda.Pinned(cuda.runtime(), n * 64 * 8)
     flat = np.frombuffer(chunk.buffer, dtype=np.uint64)
     return [(flat[i * 64:i * 64 + 1 + top_k], chunk.device + i * 64 * 8) for i in range(n)], chunk
 
@@ -116,7 +114,7 @@ def main():
         mx.set_default_device(dev)
     gpu = mx.default_device() != mx.cpu
     kernel = None
-    if gpu and cuda_available():
+    if gpu and cuda.available():
         kernel = (mx.fast.cuda_kernel(name="bench_sync_ids", input_names=["table"], output_names=["out"],
                                       source=_IDS_SOURCE),
                   mx.fast.cuda_kernel(name="bench_sync_pinned", input_names=["where"], output_names=["out"],

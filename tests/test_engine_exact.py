@@ -152,7 +152,7 @@ def test_slot_write_modes_agree_with_read_ahead(tiny, decode):
             assert res.tokens == ref, writes
             np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL, err_msg=writes)
             if writes == "staged":
-                rows = len(eng.arena.staging.free)  # every row is back once the run ended
+                rows = len(eng.arena.slots.staging.free)  # every row is back once the run ended
                 reads = res.stats["misses"] + res.stats["prefill"]["misses"] + res.stats["prefetch"]["issued"]
                 assert reads > 2 * rows, (reads, rows)  # rows were reused
                 assert rows <= 2 * eng.n_slots
@@ -163,27 +163,25 @@ def _preferred_location(array) -> int:
     """CUDA's preferred location type of an MLX array's managed memory: 1 the GPU, 2 the host, 0 none."""
     import ctypes
 
-    from workbench.arena.staging import _cudart
+    from workbench import cuda
     from workbench.arrays import address
 
     view = memoryview(array).cast("B")
     kind = ctypes.c_int(-1)
-    rc = _cudart().cudaMemRangeGetAttribute(ctypes.byref(kind), ctypes.c_size_t(4), 5,  # ...PreferredLocationType
-                                            ctypes.c_void_p(address(view)), ctypes.c_size_t(view.nbytes))
+    rc = cuda.runtime().cudaMemRangeGetAttribute(ctypes.byref(kind), ctypes.c_size_t(4), 5,  # ...PreferredLocationType
+                                                 ctypes.c_void_p(address(view)), ctypes.c_size_t(view.nbytes))
     assert rc == 0, f"cudaMemRangeGetAttribute failed (CUDA error {rc})"
     return kind.value
 
 
 def test_slot_writes_default_by_backend_and_arena_size(tiny):
     """direct on the CPU and Metal; on CUDA mapped for a partial arena and staged for a full one
-    (bench/RESULTS.md, ninth pass), and a mapped arena's memory is back on the GPU once the engine is
+    (bench/RESULTS.md, bench_engine: "`mapped` for a partial arena"), and a mapped arena's memory is back on the GPU once the engine is
     closed, before MLX hands it to another array."""
-    import mlx.core as mx
-
-    from workbench.arena.staging import cuda_available
+    from workbench.cuda import in_use
 
     _, store = tiny("qwen3_moe", 4)
-    cuda = cuda_available() and mx.default_device() != mx.cpu
+    cuda = in_use()
     for arena, want in (("0.25", "mapped"), ("1.0", "staged")):
         with Engine(store, arena=arena, progress=False) as eng:
             assert eng.arena.writes == (want if cuda else "direct")
@@ -243,15 +241,13 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
     (``experts.selected``, a trace) fire in the answer, with the same values; a forward hook (a
     layer's MoE input or router logits, which it sees while the graph is built) syncs per layer
     instead; so do staged writes. Elsewhere there is no handshake."""
-    import mlx.core as mx
-
-    from workbench.arena.staging import cuda_available
     from workbench.config import AheadConfig
+    from workbench.cuda import in_use
     from workbench.hooks import run_with_cache
 
     model_dir, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 16)
-    cuda = cuda_available() and mx.default_device() != mx.cpu
+    cuda = in_use()
     for ahead in (None, "layer", "prev"):
         runs, hooked = {}, {}
         ahead = ahead and AheadConfig(predictor=ahead, lookahead=1)
@@ -289,9 +285,9 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
     key. CUDA only."""
     import mlx.core as mx
 
-    from workbench.arena.staging import cuda_available
+    from workbench.cuda import in_use
 
-    if not (cuda_available() and mx.default_device() != mx.cpu):
+    if not in_use():
         pytest.skip("the handshake runs on CUDA only")
     from mlx_lm.sample_utils import make_sampler
 

@@ -23,7 +23,7 @@ PKG = ROOT / "workbench"
 # settings, file writes, the shipped data's paths.
 LEVELS = [
     ("plumbing", ["__init__", "arrays", "model", "hooks", "randmodel", "fsutil", "checks", "families", "sizes", "config",
-                  "data"]),
+                  "data", "cuda"]),
     ("store", ["store"]),
     ("io", ["io"]),
     ("arena", ["arena"]),

@@ -186,7 +186,7 @@ def test_staged_reads_of_the_waiting_thread_land_before_the_next_claim(store):
     seen = []
     with Engine(store[1], arena=ArenaConfig("0.3", writes="staged"), io=IOConfig(workers=2, reserved=1),
                 decode="layer", progress=False) as eng:
-        staging = eng.arena.staging
+        staging = eng.arena.slots.staging
 
         def selected(ids, **ctx):
             seen.append(len(staging.pending))
@@ -210,7 +210,7 @@ def test_a_workers_staged_read_is_done_in_its_row_and_lands_on_the_decode_thread
 
     with Engine(store[1], arena=ArenaConfig("0.5", preload=False, writes="staged"), io=IOConfig(workers=2, reserved=0),
                 progress=False) as eng:
-        arena, staging = eng.arena, eng.arena.staging
+        arena, staging = eng.arena, eng.arena.slots.staging
         layer = eng.m.moe_layers[1]
         reqs = [arena.prefetch(layer, e, eng.top_k) for e in (2, 5)]  # speculative: read by the workers
         for req in reqs:

@@ -51,7 +51,7 @@ class ArenaConfig:
     """``size``: a fraction (0.25), percentage (25%), slot count (64) or size (2GB, 2GiB); see
     ``workbench.sizes``. ``policy``: an eviction policy name (simulate also takes a Policy class
     or instance). ``policy_options``: e.g. ``{"hotlist": "hot.txt"}``. ``writes``: direct | mapped |
-    staged (engine; default by backend and arena size, ``arena.default_writes``). ``preload``: auto
+    staged (engine; default by backend and arena size, ``arena.slots.default_mode``). ``preload``: auto
     reads every expert at open when the arena holds them all, True / False force it (engine);
     simulate preloads the policy's hotlist unless False."""
 

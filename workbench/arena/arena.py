@@ -11,18 +11,8 @@ The slot tensors have one extra row, the *placeholder* (zeros, never written): t
 expert->slot table ``lut`` maps every expert that is not published there, so a decode
 pass can run without asking the host which experts are resident (verified afterwards).
 
-Slot writes, per backend (``writes``):
-  direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
-           memory (CPU, Metal)
-  mapped   direct, with CUDA's managed slot memory advised to live on the host and be mapped by
-           the GPU (``staging.host_mapped``): no page migrates, the experts' compute reads the
-           slots over the bus (elsewhere it is direct, and ``writes`` says so)
-  staged   reads land in a bounce row of host memory, copied into the slot by the decode thread
-           with the next claim's compute (``landed``) or in ``flush`` (``staging``: pinned rows and
-           a landing kernel on CUDA, whose managed slot pages would otherwise migrate to the host
-           on every read and fault back)
-  none     no slot memory: reads land nowhere; the simulators
-           drive the same rules with an I/O backend of their own (``sim.vio``)
+Slot memory, and how a read lands there, is one object, ``slots`` (``arena.slots``: direct,
+mapped, staged or none, picked by backend and arena size); ``writes`` names its mode.
 
 The I/O backend (``scheduler``) takes ``submit``, ``submit_many``, ``promote``, ``cancel`` and
 ``help`` of ``ReadRequest``s and sets each one's ``state`` and ``event`` (``io.scheduler``).
@@ -32,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import time
-import weakref
 
 import mlx.core as mx
 import numpy as np
@@ -40,33 +29,14 @@ import numpy as np
 from ..io.scheduler import CANCELLED, DONE, FAILED, ReadRequest
 from ..store.manifest import StoreError
 from .policies import make_policy
-from .staging import Staging, host_mapped
 from .policies.base import Policy
+from .slots import make_slots
 
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
-_DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloat16": mx.bfloat16,
-           "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
-
-
-WRITE_MODES = ("direct", "mapped", "staged", "none")
 
 
 class ArenaError(RuntimeError):
     """The arena cannot serve a request (too small, no eligible victim)."""
-
-
-def _unified_memory() -> bool:
-    """Host and device share memory (CPU, Metal)."""
-    return mx.default_device() == mx.cpu or mx.metal.is_available()
-
-
-def default_writes(full: bool = False) -> str:
-    """direct where host and device share memory (CPU, Metal). On CUDA: mapped for an arena that
-    holds part of the experts (no landing per read), staged for one that holds them all (its experts
-    are then read from GPU memory on every token): bench/RESULTS.md, "ninth pass"."""
-    if _unified_memory():
-        return "direct"
-    return "staged" if full else "mapped"
 
 
 class Arena:
@@ -83,31 +53,9 @@ class Arena:
             self.policy = policy
         else:
             self.policy = make_policy(policy, n_slots, n_keys=n_keys, n_experts=self.E, **(policy_options or {}))
-        self.writes = writes or default_writes(full=n_slots >= manifest.n_routed)
-        if self.writes not in WRITE_MODES:
-            raise ValueError(f"unknown slot write mode {self.writes!r}; valid: {', '.join(WRITE_MODES)}")
-        if self.writes == "mapped" and _unified_memory():
-            self.writes = "direct"  # host and device share memory already: mapped is direct here
+        self.slots = make_slots(writes, manifest, n_slots)
+        self.tensors = self.slots.tensors  # name -> [n_slots + 1, ...] (empty for none)
         self.placeholder = n_slots  # the extra row: zeros, never written
-        self.tensors = {}
-        if self.writes != "none":
-            self.tensors = {t.name: mx.zeros((n_slots + 1, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
-            mx.eval(list(self.tensors.values()))
-        self._unmap_host = None
-        if self.writes == "mapped":
-            tensors = list(self.tensors.values())
-            if not host_mapped(tensors):
-                raise ValueError("slot writes 'mapped': this CUDA runtime refused to keep slot memory on the host; "
-                                 "use staged or direct")
-            # once the arena is closed or gone, the memory goes back to the GPU before MLX reuses it
-            self._unmap_host = weakref.finalize(self, host_mapped, tensors, False)
-            self._unmap_host.atexit = False
-        self.views = None
-        if self.writes in ("direct", "mapped"):
-            raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
-            sizes = [t.nbytes for t in manifest.tensors]
-            self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
-        self.staging = Staging([self.tensors[t.name] for t in manifest.tensors]) if self.writes == "staged" else None
         self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
         self.version = 0  # bumped whenever ``lut`` changes
         self._device_lut = (None, {}, None)  # (version, layer -> lut row on the device, host copy)
@@ -142,8 +90,12 @@ class Arena:
 
     def close(self) -> None:
         """Mapped slot memory goes back to the GPU (the arena's tensors stay valid)."""
-        if self._unmap_host is not None:
-            self._unmap_host()
+        self.slots.close()
+
+    @property
+    def writes(self) -> str:
+        """The slot-write mode that runs (``slots.MODES``; mapped asked for on unified memory is direct)."""
+        return self.slots.name
 
     # ---- residency queries -------------------------------------------------------------
     def published_experts(self, layer: int) -> list[int]:
@@ -233,7 +185,7 @@ class Arena:
                         self._outcome(req, "useful_timely", layer)
                     elif req.finished:  # cancelled or failed before it was claimed: read it now
                         fresh.append(s)
-                        self._recycle(req)
+                        self.slots.recycle(req)
                         self._outcome(req, "partially_read" if req.bytes_read else "cancelled_before_read", layer)
                         waits.append(self._read(s, key, batch))
                     else:
@@ -363,8 +315,7 @@ class Arena:
         it (deterministic)."""
         error = None
         try:
-            if self.staging is not None:
-                self.staging.drain()  # a run that failed between a claim and its compute left a landing unrun
+            self.slots.drain()  # a run that failed between a claim and its compute left a landing unrun
         except BaseException as e:  # settle the speculation anyway, then report it
             error = e
         self.unexpose()  # a run that failed while recomputing left exposed slots in the table
@@ -380,39 +331,20 @@ class Arena:
             raise error
 
     # ---- slot writes -------------------------------------------------------------------
-    def _recycle(self, req) -> None:
-        """A staged read that never landed gives its bounce row back."""
-        if req.buffer is not None:
-            self.staging.give(req.buffer)
-            req.buffer = None
-
-    def _land(self, req) -> None:
-        """Staged: on the reading thread, once the read is complete (``ReadRequest.land``)."""
-        row, req.buffer = req.buffer, None
-        self.staging.land(row, req.slot)
-
     def landed(self, ids: np.ndarray) -> mx.array:
         """Slot ids ``ids`` (numpy) as the device array to compute with after a claim: staged reads
         complete by now land in their slots before that compute (``Staging.landed``)."""
-        return mx.array(ids.astype(np.uint32)) if self.staging is None else self.staging.landed(ids)
+        return self.slots.landed(ids)
 
     def flush(self) -> None:
         """Staged reads complete by now are in their slots (a host wait)."""
-        if self.staging is not None:
-            self.staging.flush()
+        self.slots.flush()
 
     def _request(self, s, key, speculative=False) -> ReadRequest:
         blob = self._blobs.get(key)
         if blob is None:
             blob = self._blobs[key] = self.m.blob(*divmod(key, self.E))
-        if self.writes == "none":
-            req = ReadRequest(blob, None, s, speculative=speculative)
-        elif self.views is not None:
-            req = ReadRequest(blob, self.views[s], s, speculative=speculative)
-        else:  # staged: a bounce row split like the slot's tensors, copied in by the reading thread
-            row = self.staging.take()
-            req = ReadRequest(blob, row.views, s, speculative=speculative)
-            req.buffer, req.land = row, self._land
+        req = self.slots.request(blob, s, speculative=speculative)
         req.step = self.step
         return req
 
@@ -450,7 +382,7 @@ class Arena:
         self.limbo.pop(s, None)
         if req is not None:
             req.event.wait()
-            self._recycle(req)
+            self.slots.recycle(req)
         self._drop(s)
         heapq.heappush(self.free, s)
         if req is not None:  # the slot is free before any outcome hook runs
@@ -468,7 +400,7 @@ class Arena:
         try:
             self._submit(req, key // self.E, batch)
         except BaseException:  # never queued (a hook raised): its bounce row goes back
-            self._recycle(req)
+            self.slots.recycle(req)
             raise
         return req
 
@@ -534,7 +466,7 @@ class Arena:
             req.event.wait()
             if req.state in (FAILED, CANCELLED) and self.key_of[req.slot] >= 0:
                 self.spec.pop(req.slot, None)
-                self._recycle(req)
+                self.slots.recycle(req)
                 self._unmap(req.slot)
         done = {req.slot for req in reqs if req.state == DONE}
         for s in fresh:

@@ -1,5 +1,5 @@
-"""Staged slot writes: a read lands in a bounce row of host memory, and the decode thread copies
-the row into its slot before it computes on it.
+"""Staged slot writes (``slots.StagedSlots``): a read lands in a bounce row of host memory, and the
+decode thread copies the row into its slot before it computes on it.
 
 On CUDA the rows are pinned (``cudaHostAlloc``), and the slot tensors' managed pages are advised to
 live on the GPU: the host never touches slot memory, so no page migrates back and forth
@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import glob
 import mmap
-import os
 import threading
-import weakref
 from collections import deque
 
 import mlx.core as mx
 import numpy as np
 
+from .. import cuda
 from ..arrays import address
 
 
@@ -56,14 +54,14 @@ class Staging:
         self._lock = threading.Lock()  # for ``pending``
         self._inflight: deque = deque()  # (landing kernel's output, its rows) that it may still read
         self._local = threading.local()
-        self._cuda = _cudart() if cuda_available() and mx.default_device() != mx.cpu else None
-        self.device_copy = self._cuda is not None and all(_on_gpu(self._cuda, address(r), r.nbytes) for r in raw)
+        self._cuda = cuda.runtime() if cuda.in_use() else None
+        self.device_copy = self._cuda is not None and all(cuda.on_gpu(self._cuda, address(r), r.nbytes) for r in raw)
         self.kernel = False  # pending rows land through the landing kernel
         if self.device_copy:
             self.bases = [address(r) for r in raw]
             self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
             self._dsts = {}  # slot -> its tensors' addresses, as a batch copy takes them
-            self.batched = _batch_copy(self._cuda) is not None  # False: one copy per tensor
+            self.batched = cuda.batch_copy(self._cuda) is not None  # False: one copy per tensor
             self._plan = _chunks(self.sizes, self.offsets, self.bases)
             self.kernel = self._kernel_works(tensors)
         else:
@@ -184,13 +182,12 @@ class Staging:
             if dsts is None:
                 dsts = self._dsts[slot] = (ctypes.c_void_p * len(self.bases))(*[b + slot * n for b, n in
                                                                                 zip(self.bases, self.sizes)])
-            rc = _batch_copy(lib)(dsts, row.srcs, self._sizes, len(self.sizes), stream)
+            rc = cuda.batch_copy(lib)(dsts, row.srcs, self._sizes, len(self.sizes), stream)
             if rc == 0:
                 return
             self.batched = False  # refused (an older driver): copy tensor by tensor from now on
         for base, n, src in zip(self.bases, self.sizes, row.ptrs):
-            rc = lib.cudaMemcpyAsync(ctypes.c_void_p(base + slot * n), ctypes.c_void_p(src), ctypes.c_size_t(n),
-                                     _MEMCPY_DEFAULT, stream)
+            rc = cuda.copy_async(lib, base + slot * n, src, n, stream)
             if rc != 0:
                 raise RuntimeError(f"cudaMemcpyAsync into slot {slot} failed (CUDA error {rc})")
 
@@ -198,15 +195,12 @@ class Staging:
         """This thread's own non-blocking CUDA stream (never ordered behind MLX's compute)."""
         stream = getattr(self._local, "stream", None)
         if stream is None:
-            stream = ctypes.c_void_p()
-            if self._cuda.cudaStreamCreateWithFlags(ctypes.byref(stream), 1) != 0:
-                raise RuntimeError("cudaStreamCreateWithFlags failed")
-            self._local.stream = stream
+            stream = self._local.stream = cuda.new_stream(self._cuda)
         return stream
 
     def _grow(self):
         n, row_bytes = self.rows_per_chunk, int(self.offsets[-1])
-        chunk = _Pinned(self._cuda, n * row_bytes) if self.device_copy else mmap.mmap(-1, n * row_bytes)  # page-aligned
+        chunk = cuda.Pinned(self._cuda, n * row_bytes) if self.device_copy else mmap.mmap(-1, n * row_bytes)  # page-aligned
         raw = memoryview(chunk.buffer if self.device_copy else chunk).cast("B")
         base = address(raw)
         device = chunk.device if self.device_copy else 0
@@ -273,108 +267,3 @@ def _landing_kernel():
                                source=_LANDING_SOURCE, header="struct alignas(16) Words16 { unsigned long long a, b; };")
 
 
-class _Pinned:
-    """Page-locked host memory, freed when the last row that uses it is gone."""
-
-    def __init__(self, lib, nbytes):
-        ptr = ctypes.c_void_p()
-        if lib.cudaHostAlloc(ctypes.byref(ptr), ctypes.c_size_t(nbytes), 0) != 0:
-            raise MemoryError(f"cudaHostAlloc of {nbytes} bytes failed")
-        self.buffer = (ctypes.c_ubyte * nbytes).from_address(ptr.value)
-        device = ctypes.c_void_p()  # the same memory as the GPU addresses it (the same address under UVA)
-        ok = lib.cudaHostGetDevicePointer(ctypes.byref(device), ptr, 0) == 0 and device.value
-        self.device = device.value if ok else ptr.value
-        weakref.finalize(self, lib.cudaFreeHost, ptr).atexit = False  # at exit the process frees it (CUDA may be gone)
-
-
-def cuda_available() -> bool:
-    """This MLX build has a usable CUDA backend."""
-    cuda = getattr(mx, "cuda", None)
-    return bool(cuda is not None and cuda.is_available())
-
-
-class _Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class _CopyAttributes(ctypes.Structure):  # cudaMemcpyAttributes
-    _fields_ = [("srcAccessOrder", ctypes.c_int), ("srcLocHint", _Location), ("dstLocHint", _Location),
-                ("flags", ctypes.c_uint)]
-
-
-_MEMCPY_DEFAULT = 4
-_ACCESS_ORDER_STREAM = 1  # cudaMemcpySrcAccessOrderStream: the source is read in stream order
-_HOST = 2  # cudaMemLocationType
-_SET_PREFERRED_LOCATION = 3
-_SET_ACCESSED_BY, _UNSET_ACCESSED_BY = 5, 6  # cudaMemoryAdvise
-_DEVICE = 1  # cudaMemLocationType
-
-
-def _on_gpu(lib, ptr: int, size: int) -> bool:
-    """Advise [ptr, ptr + size) (managed memory) to live on GPU 0 and move it there now; False where
-    the runtime refuses (then the caller copies on the host)."""
-    return _advise(lib, ptr, size, on_host=False, accessed=None)
-
-
-def host_mapped(arrays, on_host=True) -> bool:
-    """Advise the managed memory of ``arrays`` (evaluated MLX arrays) to live on the host, mapped by
-    GPU 0, and move it there now: the host writes it in place and the GPU reads it over the bus, so no
-    page migrates either way (``on_host=False``: back to the GPU, before MLX reuses the memory). False
-    where this is no CUDA build or the runtime refuses."""
-    lib = _cudart() if cuda_available() and mx.default_device() != mx.cpu else None
-    if lib is None:
-        return False
-    views = [memoryview(a).cast("B") for a in arrays]
-    accessed = _SET_ACCESSED_BY if on_host else _UNSET_ACCESSED_BY
-    return all(_advise(lib, address(v), v.nbytes, on_host, accessed) for v in views)
-
-
-def _advise(lib, ptr: int, size: int, on_host: bool, accessed) -> bool:
-    """Preferred location host or GPU 0, ``accessed`` (an AccessedBy advice for GPU 0, or None), then
-    move the pages there; False where the runtime refuses."""
-    p, n, gpu, host = ctypes.c_void_p(ptr), ctypes.c_size_t(size), _Location(_DEVICE, 0), _Location(_HOST, 0)
-    version = ctypes.c_int()
-    new = lib.cudaRuntimeGetVersion(ctypes.byref(version)) == 0 and version.value >= 13000
-    advise = lib.cudaMemAdvise if new else getattr(lib, "cudaMemAdvise_v2", None)  # CUDA 13 / 12.2+: locations
-    prefetch = lib.cudaMemPrefetchAsync if new else getattr(lib, "cudaMemPrefetchAsync_v2", None)
-    if advise is None or prefetch is None:  # older runtimes take a device id (-1: the host), and no flags
-        where, gpu, advise = ctypes.c_int(-1 if on_host else 0), ctypes.c_int(0), lib.cudaMemAdvise
-
-        def prefetch(p, n, device, flags, stream):
-            return lib.cudaMemPrefetchAsync(p, n, device, stream)
-    else:
-        where = host if on_host else gpu
-    ok = advise(p, n, _SET_PREFERRED_LOCATION, where) == 0 and (accessed is None or advise(p, n, accessed, gpu) == 0)
-    ok = ok and prefetch(p, n, where, ctypes.c_uint(0), None) == 0
-    return ok and lib.cudaDeviceSynchronize() == 0
-
-
-@functools.lru_cache(maxsize=1)
-def _batch_copy(lib):
-    """``f(dsts, srcs, sizes, count, stream) -> CUDA error`` through ``cudaMemcpyBatchAsync`` (CUDA
-    12.8+: host to GPU copies in stream order, one call for many), or None where the runtime lacks it."""
-    version = ctypes.c_int()
-    fn = getattr(lib, "cudaMemcpyBatchAsync", None)
-    if fn is None or lib.cudaRuntimeGetVersion(ctypes.byref(version)) != 0 or version.value < 12080:
-        return None
-    attrs = _CopyAttributes(_ACCESS_ORDER_STREAM, _Location(_HOST, 0), _Location(_DEVICE, 0), 0)
-    index, failed = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    if version.value >= 13000:  # CUDA 13 dropped the failIdx argument
-        return lambda dsts, srcs, sizes, n, stream: fn(dsts, srcs, sizes, ctypes.c_size_t(n), ctypes.byref(attrs),
-                                                       ctypes.byref(index), ctypes.c_size_t(1), stream)
-    return lambda dsts, srcs, sizes, n, stream: fn(dsts, srcs, sizes, ctypes.c_size_t(n), ctypes.byref(attrs),
-                                                   ctypes.byref(index), ctypes.c_size_t(1), ctypes.byref(failed), stream)
-
-
-@functools.lru_cache(maxsize=1)
-def _cudart():
-    """The CUDA runtime MLX loaded (same soname, so the same library and context), or None."""
-    here = os.path.dirname(mx.__file__)
-    names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
-    names += sorted(glob.glob(os.path.join(here, "..", "nvidia", "cu*", "lib", "libcudart.so*")))
-    for name in names:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    return None

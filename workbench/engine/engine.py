@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
 from ..arena.counters import Counters
-from ..arena.staging import cuda_available
+from .. import cuda
 from ..arrays import to_numpy
 from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
 from ..families import family_of, gate_weights, router_logits
@@ -51,7 +51,7 @@ def parse_device(device):
     name = str(device).lower()
     if name not in ("cpu", "gpu"):
         raise ValueError(f"unknown device {device!r}; use cpu or gpu")
-    if name == "gpu" and not (mx.metal.is_available() or cuda_available()):
+    if name == "gpu" and not (mx.metal.is_available() or cuda.available()):
         raise ValueError("--device gpu: this MLX build has no GPU backend (Metal or CUDA); use --device cpu "
                          "or install MLX's GPU build (mlx on macOS, mlx-cuda on Linux)")
     return mx.gpu if name == "gpu" else mx.cpu
@@ -62,8 +62,8 @@ class Engine(SpeculativeMixin):
                  ahead: AheadConfig | None = None, decode="auto", device=None, sync_cost=None, seed=None, progress=True):
         """``arena``: an ArenaConfig (a bare size such as "25%" means ``ArenaConfig(size)``); ``io``: an
         IOConfig; ``ahead``: read-ahead and cache-aware routing (``routing.setup.configure``; None: exact,
-        no read-ahead). ``decode``: auto (a controller picks per token), optimistic or layer (README,
-        "How the engine works"). ``device``: cpu or gpu (default: MLX's default device). ``seed``: seed
+        no read-ahead). ``decode``: auto (a controller picks per token), optimistic or layer
+        (docs/engine.md). ``device``: cpu or gpu (default: MLX's default device). ``seed``: seed
         MLX's generator right before the model is built, where mlx-lm's generate seeds (building a
         model draws from it), so sampling at a seed matches ``mlx_lm generate --seed``."""
         arena = as_arena(arena)
@@ -112,7 +112,7 @@ class Engine(SpeculativeMixin):
         # per-layer decode on CUDA: ids to the host and slot ids back in the device's stream (handshake.py);
         # the device waits for the host at most 50 ms, or 4x reading a layer's experts at 1 GB/s
         self.handshake = None
-        if self.arena.writes in ("direct", "mapped"):  # staged reads land by a kernel after the claim: a sync
+        if self.arena.slots.in_place:  # staged reads land by a kernel after the claim: a sync
             wait = max(0.05, 4 * self.top_k * self.m.expert_bytes / 1e9)
             self.handshake = Handshake.create(self.m.moe_layers, self.top_k, self.arena.placeholder, wait,
                                               extra=self.m.n_experts)  # the planner's prediction: a router's logits

@@ -40,7 +40,7 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
-from ..arena.staging import _cudart, _Pinned, cuda_available
+from .. import cuda
 
 HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
 _READY, _DONE, _GAVE_UP, _PLACEHOLDER, _LIMIT, _CONTROL, _VOID = range(7)
@@ -114,7 +114,7 @@ class Handshake:
         self.host_timeout = HOST_TIMEOUT_S
         self.stride = -(-(_HEAD + 2 * top_k + extra) // 16) * 16  # words; a mailbox starts on 128 bytes
         names = list(layers) + ["probe"]
-        self.memory = _Pinned(_cudart(), (len(names) + 1) * self.stride * 8)
+        self.memory = cuda.Pinned(cuda.runtime(), (len(names) + 1) * self.stride * 8)
         self.words = np.frombuffer(self.memory.buffer, dtype=np.uint64)
         self.words[:] = 0
         self.box = {name: (i + 1) * self.stride for i, name in enumerate(names)}  # the control block first
@@ -130,14 +130,14 @@ class Handshake:
         self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at", "extra"],
                                           output_names=["out"], source=_SOURCE, header=_HEADER)
         self.per_layer = False  # True: launch each layer as it is built; False: the whole token at once (faster:
-        # bench/RESULTS.md, tenth pass)
+        # bench/RESULTS.md, bench_engine, "Whole-token handshake")
         self.token = 0
         self.begin()
 
     @classmethod
     def create(cls, layers, top_k, placeholder, timeout_s=0.05, extra=0) -> "Handshake | None":
         """A working handshake on this backend, or None (not CUDA, or the self-test failed)."""
-        if not cuda_available() or mx.default_device() == mx.cpu:
+        if not cuda.in_use():
             return None
         try:
             hs = cls(layers, top_k, placeholder, timeout_s, extra)

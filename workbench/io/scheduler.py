@@ -56,8 +56,8 @@ class ReadRequest:
         self.t_submit = self.t_start = self.t_done = 0
         self.claimed = None  # for speculation: None (not yet) or "late" (claimed while in flight)
         self.step = 0
-        self.buffer = None  # staged slot writes: the bounce row the read lands in
-        self.land = None  # called (request) by the reading thread once it read it all (staged)
+        self.buffer = None  # what the read lands in before its slot (staged writes: a bounce row; arena.slots)
+        self.land = None  # called (request) by the reading thread once it read it all (staged writes)
         self.page_cached = None  # demand reads through the page cache: whether the blob was in it before
 
     @property

@@ -1,0 +1,70 @@
+"""Slot memory (``arena.slots``): the factory's choice of mode, and how a read lands per mode."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from workbench.arena.slots import DirectSlots, NoSlots, StagedSlots, default_mode, make_slots, unified_memory
+from workbench.store.manifest import TensorSpec
+
+TENSORS = [TensorSpec("w", (4, 8), "uint8", 32), TensorSpec("s", (3,), "float32", 12)]
+MANIFEST = SimpleNamespace(tensors=TENSORS, n_routed=16)
+
+
+def _fill(req, seed):
+    """What a read does: fill the request's views; returns the bytes it wrote per tensor."""
+    data = []
+    for i, view in enumerate(req.views):
+        b = bytes((seed + i + j) % 251 for j in range(len(view)))
+        view[:] = b
+        data.append(b)
+    return data
+
+
+def _slot_bytes(slots, slot):
+    return [np.array(slots.tensors[t.name][slot]).tobytes() for t in TENSORS]
+
+
+def test_the_factory_picks_by_backend_and_arena_size():
+    if not unified_memory():
+        pytest.skip("unified memory only (CPU, Metal)")
+    assert default_mode(full=False) == default_mode(full=True) == "direct"
+    for mode, cls, name in ((None, DirectSlots, "direct"), ("mapped", DirectSlots, "direct"),
+                            ("staged", StagedSlots, "staged"), ("none", NoSlots, "none")):
+        slots = make_slots(mode, MANIFEST, 4)
+        assert type(slots) is cls and slots.name == name, mode
+        assert slots.in_place == (name == "direct")
+        assert [tuple(a.shape) for a in slots.tensors.values()] == ([] if name == "none" else [(5, 4, 8), (5, 3)])
+    with pytest.raises(ValueError, match="valid: direct, mapped, staged, none"):
+        make_slots("pinned", MANIFEST, 4)
+
+
+def test_direct_reads_land_in_the_slot_and_none_lands_nowhere():
+    slots = make_slots("direct", MANIFEST, 4)
+    req = slots.request("blob", 2, speculative=True)
+    assert (req.slot, req.speculative, req.land) == (2, True, None)
+    want = _fill(req, 7)
+    assert _slot_bytes(slots, 2) == want
+    assert _slot_bytes(slots, 4) == [bytes(32), bytes(12)]  # the placeholder row stays zeros
+    none = make_slots("none", MANIFEST, 4)
+    assert none.request("blob", 1).views is None and none.tensors == {}
+    assert np.array(none.landed(np.array([3, 1]))).tolist() == [3, 1]
+
+
+def test_staged_reads_land_with_the_next_claim_and_rows_come_back():
+    slots = make_slots("staged", MANIFEST, 4)
+    req = slots.request("blob", 1)
+    want = _fill(req, 3)
+    assert _slot_bytes(slots, 1) != want  # in its bounce row, not in the slot yet
+    req.land(req)  # the reading thread, once the read is complete
+    assert req.buffer is None and len(slots.staging.pending) == 1
+    ids = slots.landed(np.array([1, 0]))
+    assert np.array(ids).tolist() == [1, 0] and _slot_bytes(slots, 1) == want
+    free = len(slots.staging.free)
+    lost = slots.request("blob", 2)  # never read: its row goes back
+    assert len(slots.staging.free) == free - 1
+    slots.recycle(lost)
+    assert lost.buffer is None and len(slots.staging.free) == free
+    slots.drain()
+    assert slots.staging.pending == []

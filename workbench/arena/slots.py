@@ -1,0 +1,177 @@
+"""Slot memory, and how a read lands there: one class per slot-write mode (``MODES``).
+
+  direct   reads land in the slot's memory (``os.preadv`` into the MLX buffer); unified
+           memory (CPU, Metal)
+  mapped   direct, with CUDA's managed slot memory advised to live on the host and be mapped by
+           the GPU (``cuda.host_mapped``): no page migrates, the experts' compute reads the
+           slots over the bus (elsewhere it is direct, and ``name`` says so)
+  staged   reads land in a bounce row of host memory, copied into the slot by the decode thread
+           with the next claim's compute (``landed``) or in ``flush`` (``staging``: pinned rows and
+           a landing kernel on CUDA, whose managed slot pages would otherwise migrate to the host
+           on every read and fault back)
+  none     no slot memory: reads land nowhere; the simulators
+           drive the same rules with an I/O backend of their own (``sim.vio``)
+
+The slot tensors have one extra row, the arena's placeholder (zeros, never written).
+``make_slots`` picks the mode by backend and arena size where none is named (``default_mode``).
+The arena makes every read through ``request`` and calls ``recycle``, ``landed``, ``flush``,
+``drain`` and ``close``; nothing else in it depends on the mode.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import mlx.core as mx
+import numpy as np
+
+from .. import cuda
+from ..io.scheduler import ReadRequest
+from .staging import Staging
+
+MODES = ("direct", "mapped", "staged", "none")
+_DTYPES = {"uint32": mx.uint32, "uint8": mx.uint8, "float16": mx.float16, "bfloat16": mx.bfloat16,
+           "float32": mx.float32, "int8": mx.int8, "int32": mx.int32, "uint16": mx.uint16}
+
+
+def unified_memory() -> bool:
+    """Host and device share memory (CPU, Metal)."""
+    return mx.default_device() == mx.cpu or mx.metal.is_available()
+
+
+def default_mode(full: bool = False) -> str:
+    """direct where host and device share memory (CPU, Metal). On CUDA: mapped for an arena that
+    holds part of the experts (no landing per read), staged for one that holds them all (its experts
+    are then read from GPU memory on every token): bench/RESULTS.md, bench_engine, "`mapped` for a partial arena, `staged` for a full one"."""
+    if unified_memory():
+        return "direct"
+    return "staged" if full else "mapped"
+
+
+def make_slots(mode, manifest, n_slots: int) -> "Slots":
+    """Slot memory for ``n_slots`` slots of ``manifest``'s tensors. ``mode`` None: ``default_mode``
+    (full: the arena holds every routed expert); "mapped" on unified memory is direct."""
+    mode = mode or default_mode(full=n_slots >= manifest.n_routed)
+    if mode not in MODES:
+        raise ValueError(f"unknown slot write mode {mode!r}; valid: {', '.join(MODES)}")
+    if mode == "mapped" and unified_memory():
+        mode = "direct"  # host and device share memory already: mapped is direct here
+    cls = {"direct": DirectSlots, "mapped": MappedSlots, "staged": StagedSlots, "none": NoSlots}[mode]
+    return cls(manifest, n_slots)
+
+
+def _zeros(manifest, n_slots) -> dict:
+    """name -> [n_slots + 1, ...] zeros (the last row: the placeholder), evaluated."""
+    tensors = {t.name: mx.zeros((n_slots + 1, *t.shape), dtype=_DTYPES[t.dtype]) for t in manifest.tensors}
+    mx.eval(list(tensors.values()))
+    return tensors
+
+
+class Slots:
+    """The interface; on its own, no memory (``NoSlots``). ``tensors``: name -> [n_slots + 1, ...]
+    MLX arrays (empty without memory). ``in_place``: a read lands in the slot's memory itself, so a
+    slot is ready once its read is done (no landing after the claim)."""
+
+    name = "none"
+    in_place = False
+
+    def __init__(self, manifest, n_slots: int):
+        self.tensors: dict = {}
+
+    def request(self, blob, slot: int, speculative: bool = False) -> ReadRequest:
+        """A read of ``blob`` into ``slot``, with its destination (no views: it lands nowhere)."""
+        return ReadRequest(blob, None, slot, speculative=speculative)
+
+    def recycle(self, req) -> None:
+        """``req`` never landed (cancelled, failed, never submitted): give back what it held."""
+
+    def landed(self, ids: np.ndarray) -> mx.array:
+        """Slot ids ``ids`` (numpy) as the device array to compute with after a claim: reads complete
+        by now are in their slots before that compute."""
+        return mx.array(ids.astype(np.uint32))
+
+    def flush(self) -> None:
+        """Reads complete by now are in their slots (a host wait)."""
+
+    def drain(self) -> None:
+        """The end of a request: every landing has run."""
+
+    def close(self) -> None:
+        """Give back what outlives the arena (the tensors stay valid)."""
+
+
+class NoSlots(Slots):
+    """No slot memory: the simulators."""
+
+
+class DirectSlots(Slots):
+    """Reads land in the slot's memory through writable byte views (``views[slot]``: one per tensor)."""
+
+    name = "direct"
+    in_place = True
+
+    def __init__(self, manifest, n_slots: int, tensors=None):
+        self.tensors = _zeros(manifest, n_slots) if tensors is None else tensors
+        raw = [memoryview(self.tensors[t.name]).cast("B") for t in manifest.tensors]
+        sizes = [t.nbytes for t in manifest.tensors]
+        self.views = [[r[s * n:(s + 1) * n] for r, n in zip(raw, sizes)] for s in range(n_slots)]
+
+    def request(self, blob, slot: int, speculative: bool = False) -> ReadRequest:
+        return ReadRequest(blob, self.views[slot], slot, speculative=speculative)
+
+
+class MappedSlots(DirectSlots):
+    """Direct, in CUDA managed memory advised to live on the host and be mapped by the GPU; back on
+    the GPU once closed or gone, before MLX reuses the memory."""
+
+    name = "mapped"
+
+    def __init__(self, manifest, n_slots: int):
+        tensors = _zeros(manifest, n_slots)
+        arrays = list(tensors.values())
+        if not cuda.host_mapped(arrays):
+            raise ValueError("slot writes 'mapped': this CUDA runtime refused to keep slot memory on the host; "
+                             "use staged or direct")
+        self._unmap = weakref.finalize(self, cuda.host_mapped, arrays, False)
+        self._unmap.atexit = False
+        super().__init__(manifest, n_slots, tensors)
+
+    def close(self) -> None:
+        self._unmap()
+
+
+class StagedSlots(Slots):
+    """Reads land in a bounce row (``staging``), copied into the slot on the decode thread by the
+    next ``landed`` or ``flush``."""
+
+    name = "staged"
+
+    def __init__(self, manifest, n_slots: int):
+        self.tensors = _zeros(manifest, n_slots)
+        self.staging = Staging([self.tensors[t.name] for t in manifest.tensors])
+
+    def request(self, blob, slot: int, speculative: bool = False) -> ReadRequest:
+        """A bounce row split like the slot's tensors, landed by the reading thread (``ReadRequest.land``)."""
+        row = self.staging.take()
+        req = ReadRequest(blob, row.views, slot, speculative=speculative)
+        req.buffer, req.land = row, self._land
+        return req
+
+    def _land(self, req) -> None:
+        """On the reading thread, once the read is complete."""
+        row, req.buffer = req.buffer, None
+        self.staging.land(row, req.slot)
+
+    def recycle(self, req) -> None:
+        if req.buffer is not None:
+            self.staging.give(req.buffer)
+            req.buffer = None
+
+    def landed(self, ids: np.ndarray) -> mx.array:
+        return self.staging.landed(ids)
+
+    def flush(self) -> None:
+        self.staging.flush()
+
+    def drain(self) -> None:
+        self.staging.drain()
