@@ -42,7 +42,8 @@ def unified_memory() -> bool:
 def default_mode(full: bool = False) -> str:
     """direct where host and device share memory (CPU, Metal). On CUDA: mapped for an arena that
     holds part of the experts (no landing per read), staged for one that holds them all (its experts
-    are then read from GPU memory on every token): bench/RESULTS.md, bench_engine, "`mapped` for a partial arena, `staged` for a full one"."""
+    are then read from GPU memory on every token): bench/RESULTS.md, bench_engine's note "`mapped` for
+    a partial arena, `staged` for a full one"."""
     if unified_memory():
         return "direct"
     return "staged" if full else "mapped"
