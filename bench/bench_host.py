@@ -60,8 +60,11 @@ class TimedMX:
 
 def instrument(eng):
     arena = eng.arena
-    for name in ("at_layer", "landed", "release", "after_layer", "_victim", "_read", "_publish", "_wait_all"):
+    for name in ("at_layer", "release", "after_layer", "_victim", "_read", "_wait_all"):
         setattr(arena, name, timed("arena." + name, getattr(arena, name)))
+    for obj, names in ((arena.slots, ("landed",)), (arena.map, ("publish",))):
+        for name in names:
+            setattr(obj, name, timed(f"{type(obj).__name__}.{name}", getattr(obj, name)))
     arena.io.submit_many = timed("io.submit_many (inline reads)", arena.io.submit_many)
     reader = arena.io.reader
     for name in ("read_probed", "_check"):  # on the I/O workers too: summed over threads

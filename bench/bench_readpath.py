@@ -75,7 +75,7 @@ def slot_writes(store, n=64, reps=3, per_claim=1):
                 for i in range(n):
                     wanted = sorted({(i * k + j) % m.n_experts for j in range(k)})
                     table = arena.at_layer(layer, wanted)
-                    idx = arena.landed(table[wanted])
+                    idx = arena.slots.landed(table[wanted])
                     mx.eval(mx.sum(mx.take(arena.tensors[name], idx, axis=0).astype(mx.float32)))
                     arena.release()
                 if rep:  # the first pass warms the page cache and the kernels

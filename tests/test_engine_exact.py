@@ -81,7 +81,7 @@ def test_full_arena_is_preloaded_and_never_syncs_per_layer(tiny):
     ref, ref_lp = resident_greedy(model_dir, PROMPT, 40)
     with Engine(store, arena="1.0", progress=False) as eng, \
             Engine(store, arena="1.0", decode="layer", progress=False) as slow:
-        assert eng.arena.frozen and set(eng.views) == set(eng.m.moe_layers) and eng.fast is not None
+        assert eng.arena.map.frozen and set(eng.views) == set(eng.m.moe_layers) and eng.fast is not None
         before = list(eng.arena.policy.order())
         res, res_slow = eng.generate(PROMPT, max_tokens=40), slow.generate(PROMPT, max_tokens=40)
         assert list(eng.arena.policy.order()) == list(slow.arena.policy.order()) == before

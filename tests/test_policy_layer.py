@@ -227,9 +227,9 @@ def test_a_workers_staged_read_is_done_in_its_row_and_lands_on_the_decode_thread
 
         setattr(staging, how, interrupted)
         with pytest.raises(KeyboardInterrupt):  # an interrupted landing leaves its rows pending
-            arena.flush()
+            arena.slots.flush()
         assert len(staging.pending) == 2 and len(staging.free) == free
-        arena.flush()
+        arena.slots.flush()
         assert staging.pending == [] and len(staging.free) == free + 2
         assert _slots_holding_wrong_bytes(eng, keys) == []
         arena.finish_speculation()
@@ -448,7 +448,7 @@ def test_an_interrupt_among_a_claims_own_reads_keeps_the_reads_it_made(store, wr
     ref, _ = resident_greedy(store[0], PROMPT, 6)
     with Engine(store[1], arena=ArenaConfig("0.5", writes=writes), progress=False) as eng:
         arena, layer = eng.arena, eng.m.moe_layers[0]
-        wanted = [e for e in range(eng.m.n_experts) if not arena.is_mapped(layer, e)][:eng.top_k]
+        wanted = [e for e in range(eng.m.n_experts) if not arena.map.is_mapped(layer, e)][:eng.top_k]
         interrupt_reads_at(monkeypatch, 4)  # at the second read's start
         with pytest.raises(KeyboardInterrupt):
             arena.at_layer(layer, wanted)

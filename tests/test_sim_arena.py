@@ -108,4 +108,4 @@ def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
 def _hash(arena):
     import hashlib
 
-    return hashlib.blake2b(arena.residency_signature(), digest_size=8).hexdigest()
+    return hashlib.blake2b(arena.map.signature(), digest_size=8).hexdigest()

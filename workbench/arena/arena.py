@@ -11,8 +11,10 @@ The slot tensors have one extra row, the *placeholder* (zeros, never written): t
 expert->slot table ``lut`` maps every expert that is not published there, so a decode
 pass can run without asking the host which experts are resident (verified afterwards).
 
-Slot memory, and how a read lands there, is one object, ``slots`` (``arena.slots``: direct,
-mapped, staged or none, picked by backend and arena size); ``writes`` names its mode.
+The residency map (``arena.map``, ``residency.py``) says which key each slot holds and
+whether it is published. Slot memory, and how a read lands there, is one object, ``slots``
+(``arena.slots``: direct, mapped, staged or none, picked by backend and arena size); ``writes``
+names its mode.
 
 The I/O backend (``scheduler``) takes ``submit``, ``submit_many``, ``promote``, ``cancel`` and
 ``help`` of ``ReadRequest``s and sets each one's ``state`` and ``event`` (``io.scheduler``).
@@ -23,13 +25,13 @@ from __future__ import annotations
 import heapq
 import time
 
-import mlx.core as mx
 import numpy as np
 
 from ..io.scheduler import CANCELLED, DONE, FAILED, ReadRequest
 from ..store.manifest import StoreError
 from .policies import make_policy
 from .policies.base import Policy
+from .residency import Residency
 from .slots import make_slots
 
 OUTCOMES = ("cancelled_before_read", "partially_read", "completed_unused", "useful_late", "useful_timely")
@@ -54,21 +56,15 @@ class Arena:
         else:
             self.policy = make_policy(policy, n_slots, n_keys=n_keys, n_experts=self.E, **(policy_options or {}))
         self.slots = make_slots(writes, manifest, n_slots)
+        self.writes = self.slots.name  # the mode that runs (``slots.MODES``; mapped on unified memory is direct)
         self.tensors = self.slots.tensors  # name -> [n_slots + 1, ...] (empty for none)
         self.placeholder = n_slots  # the extra row: zeros, never written
-        self.lut = np.full((max(manifest.moe_layers) + 1, self.E), n_slots, dtype=np.int32)  # published -> slot
-        self.version = 0  # bumped whenever ``lut`` changes
-        self._device_lut = (None, {}, None)  # (version, layer -> lut row on the device, host copy)
-        self._signature = (None, b"")  # (version, residency_signature())
-        self._published = (None, {})  # (version, layer -> published_experts(layer))
+        self.map = Residency(max(manifest.moe_layers) + 1, self.E, n_slots, len(manifest.moe_layers) * self.E)
+        # the map's containers, read on every claim (the same objects)
+        self.lut, self.smap, self.key_of, self.mapped = self.map.lut, self.map.smap, self.map.key_of, self.map.mapped
+        self.published = self.map.published
         self._exposed: list[int] = []
-        self.key_of = [-1] * n_slots
-        self.smap: dict[int, int] = {}
-        self.mapped = np.zeros(self.lut.shape, dtype=bool)  # (layer, expert) has a slot: published or in flight
-        self._lut_of, self._mapped_of = self.lut.reshape(-1), self.mapped.reshape(-1)  # the same memory, by key
         self._blobs = {}  # key -> its Blob
-        self.published = [False] * n_slots
-        self.n_published, self.n_routed = 0, len(manifest.moe_layers) * self.E
         self.pinned = [False] * n_slots
         self._pins: list[int] = []
         self.spec: dict[int, ReadRequest] = {}  # slot -> unclaimed speculative read
@@ -92,56 +88,13 @@ class Arena:
         """Mapped slot memory goes back to the GPU (the arena's tensors stay valid)."""
         self.slots.close()
 
-    @property
-    def writes(self) -> str:
-        """The slot-write mode that runs (``slots.MODES``; mapped asked for on unified memory is direct)."""
-        return self.slots.name
-
-    # ---- residency queries -------------------------------------------------------------
-    def published_experts(self, layer: int) -> list[int]:
-        """A fresh list (callers may keep it), made from ``lut`` again only when it changed."""
-        if self._published[0] != self.version:
-            self._published = (self.version, {})
-        ids = self._published[1].get(layer)
-        if ids is None:
-            ids = self._published[1][layer] = np.flatnonzero(self.lut[layer] != self.placeholder).tolist()
-        return list(ids)
-
-    def resident_mask(self, layer: int) -> np.ndarray:
-        return self.lut[layer] != self.placeholder
-
-    def is_mapped(self, layer: int, expert: int) -> bool:
-        return bool(self.mapped[layer, expert])
-
-    def device_lut(self, layers):
-        """(layer -> ``lut`` row as a device array, a host copy of ``lut``), both made again only when
-        ``lut`` changed."""
-        if self._device_lut[0] != self.version:
-            table = mx.array(self.lut[layers].astype(np.uint32))
-            rows = {layer: table[i] for i, layer in enumerate(layers)}
-            self._device_lut = (self.version, rows, self.lut.copy())
-        return self._device_lut[1:]
-
-    def residency_signature(self) -> bytes:
-        """The published residency set, as a bit mask over (layer, expert) (made again only when
-        ``lut`` changed)."""
-        if self._signature[0] != self.version:
-            self._signature = (self.version, np.packbits(self.lut != self.placeholder).tobytes())
-        return self._signature[1]
-
-    @property
-    def frozen(self) -> bool:
-        """Every routed expert is published: nothing can miss, so nothing is ever evicted again, and
-        the policy, never asked for a victim again, is no longer touched."""
-        return self.n_published == self.n_routed
-
     def settle_hits(self, layers, ids) -> None:
         """What ``at_layer`` + ``release`` + ``after_layer`` do, layer after layer, when every wanted
         expert is published and no speculation is open (one token's ids per layer: distinct;
         None only when frozen)."""
         for layer in layers:
             self.counters.row(self.step, layer)["hits"] += self.m.top_k
-        if not self.frozen:
+        if not self.map.frozen:
             keys = np.asarray(layers, dtype=np.int64)[:, None] * self.E + np.sort(ids, axis=1)
             self.policy.access_many(keys.reshape(-1).tolist())
         self.gen += len(layers)
@@ -150,7 +103,7 @@ class Arena:
     def at_layer(self, layer: int, experts) -> np.ndarray:
         """Make ``experts`` (unique ids) of ``layer`` resident and published; returns the layer's
         expert->slot table (the placeholder for experts not published). Compute on the slots with
-        ids from ``landed`` (or after ``flush``): staged reads land then."""
+        ids from ``slots.landed`` (or after ``slots.flush``): staged reads land then."""
         c = self.counters.row(self.step, layer)
         base = layer * self.E
         keys = [e + base for e in (experts.tolist() if isinstance(experts, np.ndarray) else experts)]
@@ -160,20 +113,46 @@ class Arena:
                 self.pinned[s] = True
                 self._pins.append(s)
         if all(s is not None and self.published[s] for s in slots):  # every wanted expert hits
-            c["hits"] += len(keys)
-            if not self.frozen:
-                self.policy.access_many(keys)
-            if self.spec:
-                self._to_limbo(layer)
-            if self.hooks.active:
-                try:
-                    for key, s in zip(keys, slots):
-                        self.hooks.fire("cache.hit", key, layer=layer, expert=key - base, slot=s)
-                except BaseException:
-                    self.release()
-                    raise
-            return self.lut[layer]
+            return self._all_hit(layer, keys, slots, c)
+        waits = self._claim(layer, keys, slots, c)
+        for key in keys:  # every read landed: publish before any hook can raise
+            s = self.smap[key]
+            if not self.published[s]:
+                self.map.publish(s)
+        self._to_limbo(layer)
+        try:
+            for req in waits:
+                if req.claimed == "late":
+                    self._outcome(req, "useful_late", layer)
+                else:
+                    c["bytes_read"] += req.bytes_read
+                if self.hooks.active:
+                    self.hooks.fire("io.done", req, layer=layer, expert=req.blob.expert, slot=req.slot)
+        except BaseException:
+            self.release()
+            raise
+        return self.lut[layer]
+
+    def _all_hit(self, layer, keys, slots, c) -> np.ndarray:
+        c["hits"] += len(keys)
+        if not self.map.frozen:
+            self.policy.access_many(keys)
+        if self.spec:
+            self._to_limbo(layer)
+        if self.hooks.active:
+            try:
+                for key, s in zip(keys, slots):
+                    self.hooks.fire("cache.hit", key, layer=layer, expert=key - layer * self.E, slot=s)
+            except BaseException:
+                self.release()
+                raise
+        return self.lut[layer]
+
+    def _claim(self, layer, keys, slots, c) -> list:
+        """The claim of a layer with at least one miss: hits touched, speculative reads claimed, misses
+        given a victim's slot and read; waits for every read the claim needs (returned)."""
         waits, batch, fresh, missed = [], [], [], []
+        base = layer * self.E
         t0 = time.perf_counter_ns()
         try:
             for key, s in zip(keys, slots):
@@ -199,7 +178,7 @@ class Arena:
                         self.hooks.fire("cache.hit", key, layer=layer, expert=key - base, slot=s)
                 else:
                     s = self._victim()
-                    self._assign(s, key)
+                    self.map.assign(s, key)
                     self.pinned[s] = True
                     self._pins.append(s)
                     fresh.append(s)
@@ -220,40 +199,20 @@ class Arena:
         finally:
             c["io_wait_ns"] += time.perf_counter_ns() - t0
         c["page_cache_hits"] += sum(1 for req in missed if req.page_cached)
-        for key in keys:  # every read landed: publish before any hook can raise
-            s = self.smap[key]
-            if not self.published[s]:
-                self._publish(s)
-        self._to_limbo(layer)
-        try:
-            for req in waits:
-                if req.claimed == "late":
-                    self._outcome(req, "useful_late", layer)
-                else:
-                    c["bytes_read"] += req.bytes_read
-                if self.hooks.active:
-                    self.hooks.fire("io.done", req, layer=layer, expert=req.blob.expert, slot=req.slot)
-        except BaseException:
-            self.release()
-            raise
-        return self.lut[layer]
+        return waits
 
     def expose(self, reqs) -> None:
         """Map completed speculative reads in ``lut`` (not published: the router does not see them)
         so a recompute can compute on them; a claim then publishes them. Until ``unexpose``."""
-        self.flush()  # the decode thread read some of them itself
+        self.slots.flush()  # the decode thread read some of them itself
         for req in reqs:
             if req.state == DONE and self.spec.get(req.slot) is req:
-                self._lut_of[self.key_of[req.slot]] = req.slot
+                self.map.show(req.slot)
                 self._exposed.append(req.slot)
-                self.version += 1
 
     def unexpose(self) -> None:
         for s in self._exposed:
-            key = self.key_of[s]
-            if key >= 0 and not self.published[s] and self._lut_of[key] == s:
-                self._lut_of[key] = self.placeholder
-                self.version += 1
+            self.map.hide(s)
         self._exposed.clear()
 
     def release(self) -> None:
@@ -261,7 +220,7 @@ class Arena:
         certain to be evaluated before any slot can change owner (the next router sync). Reads
         not landed yet (a claim that ended in an error before its compute) land first."""
         try:
-            self.flush()
+            self.slots.flush()
         finally:
             for s in self._pins:
                 self.pinned[s] = False
@@ -277,19 +236,16 @@ class Arena:
         self.gen += 1
 
     # ---- speculative path --------------------------------------------------------------
-    def speculative_room(self, top_k: int) -> int:
-        return self.n_slots - 2 * top_k - len(self.spec) - len(self.limbo)
-
     def prefetch(self, layer: int, expert: int, top_k: int, evict: bool = True) -> ReadRequest | None:
         """Start a speculative read of (layer, expert); never publishes, never evicts ``layer``;
         with ``evict=False`` it takes a free slot or nothing."""
         key = layer * self.E + expert
-        if key in self.smap or self.speculative_room(top_k) <= 0:
+        if key in self.smap or self.n_slots - 2 * top_k - len(self.spec) - len(self.limbo) <= 0:
             return None
         s = self._victim(avoid_layer=layer, required=False) if evict or self.free else None
         if s is None:
             return None
-        self._assign(s, key)
+        self.map.assign(s, key)
         req = self._request(s, key, speculative=True)
         self.spec[s] = req
         self.policy.admit(key, speculative=True)
@@ -330,16 +286,7 @@ class Arena:
         if error is not None:
             raise error
 
-    # ---- slot writes -------------------------------------------------------------------
-    def landed(self, ids: np.ndarray) -> mx.array:
-        """Slot ids ``ids`` (numpy) as the device array to compute with after a claim: staged reads
-        complete by now land in their slots before that compute (``Staging.landed``)."""
-        return self.slots.landed(ids)
-
-    def flush(self) -> None:
-        """Staged reads complete by now are in their slots (a host wait)."""
-        self.slots.flush()
-
+    # ---- reads -----------------------------------------------------------------------
     def _request(self, s, key, speculative=False) -> ReadRequest:
         blob = self._blobs.get(key)
         if blob is None:
@@ -355,26 +302,11 @@ class Arena:
                 self.io.cancel(req)  # queued: dropped; running: stops at the next piece
                 self.limbo[s] = self.gen
 
-    def _publish(self, s):
-        key = self.key_of[s]
-        self.published[s] = True
-        self.n_published += 1
-        self._lut_of[key] = s
-        self.version += 1
-
     def _drop(self, s):
-        """Forget slot ``s``'s key: residency map, policy, table."""
-        key = self.key_of[s]
+        """Forget slot ``s``'s key: residency map, table, policy."""
+        key = self.map.drop(s)
         if key >= 0:
-            del self.smap[key]
-            self._mapped_of[key] = False
             self.policy.remove(key)
-            if self._lut_of[key] == s:
-                self._lut_of[key] = self.placeholder
-                self.version += 1
-        self.n_published -= self.published[s]
-        self.key_of[s] = -1
-        self.published[s] = False
 
     def _unmap(self, s):
         key = self.key_of[s]
@@ -387,12 +319,6 @@ class Arena:
         heapq.heappush(self.free, s)
         if req is not None:  # the slot is free before any outcome hook runs
             self._outcome(req, _unused_outcome(req), key // self.E)
-
-    def _assign(self, s, key):
-        self.key_of[s] = key
-        self.smap[key] = s
-        self._mapped_of[key] = True
-        self.published[s] = False
 
     def _read(self, s, key, batch) -> ReadRequest:
         """A demand read of ``key`` into slot ``s``, queued with ``batch`` (submitted together)."""

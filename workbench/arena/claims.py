@@ -54,7 +54,7 @@ class Claims:
             order = [int(e) for _, e in sorted(zip(-counts, wanted))]
             self.prompt_hot.extend((int(n), layer, int(e)) for n, e in zip(counts, wanted))
         elif len(wanted) > room:  # resident experts first, then the misses
-            order = sorted(wanted.tolist(), key=lambda e: (not arena.is_mapped(layer, e), e))
+            order = sorted(wanted.tolist(), key=lambda e: (not arena.map.is_mapped(layer, e), e))
         else:
             return [wanted]
         return [np.array(order[i:i + room]) for i in range(0, len(order), room)]
@@ -70,7 +70,7 @@ class Claims:
 
     def hold(self) -> None:
         """Keep the claim's pins past its layer (a recompute computes on them), its reads landed."""
-        self.arena.flush()
+        self.arena.slots.flush()
 
     def end(self, read_ahead=None) -> None:
         """The layer is done: ``read_ahead()`` runs while its slots are still pinned (no read can take

@@ -20,7 +20,7 @@ def frozen_views(engine) -> dict:
     Each layer's experts then sit in consecutive slots in id order (``Arena.preload``): layer ->
     a copy of its expert module computing on views of those slots with the router's own ids,
     for optimistic decode (no table lookup, no miss to verify). {} otherwise."""
-    if not engine.arena.frozen:
+    if not engine.arena.map.frozen:
         return {}
     views = {}
     for layer, inner in engine.inners.items():

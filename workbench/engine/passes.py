@@ -94,7 +94,7 @@ class SyncPass(Pass):
             t0 = time.perf_counter_ns()
             mask = None if len(waves) == 1 else np.isin(ids, wave)  # waves: other waves' ids take a slot of this one
             slots = table[ids] if mask is None else np.where(mask, table[ids], table[wave[0]])
-            part = inner(x, run.arena.landed(slots))
+            part = inner(x, run.arena.slots.landed(slots))
             if mask is not None:
                 part = mx.where(mx.array(mask)[..., None], part, mx.zeros_like(part))
             y = part if y is None else y + part
@@ -245,7 +245,7 @@ class OptimisticPass(Pass):
 
     def _build(self, y):
         run, eng = self.run, self.run.engine
-        self.lut, self.table = run.arena.device_lut(eng.m.moe_layers)
+        self.lut, self.table = run.arena.map.device_lut(eng.m.moe_layers)
         self.views = eng.views
         # a frozen arena has no miss to verify: ids come back only for whoever reads them
         self.with_ids = not self.views or eng.hooks.active or run.recorder is not None or run.planner is not None

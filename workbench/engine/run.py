@@ -74,7 +74,7 @@ class Run:
             logits, y, token = self.token(step, y)
             times.append(time.perf_counter() - t0)
             tokens.append(token)
-            residency.update(self.arena.residency_signature())
+            residency.update(self.arena.map.signature())
             self.arena.policy.tick()
             if self.engine.hooks.active:
                 self.engine.hooks.fire("token.end", token, step=self.step, counters=self.counters.rows)
@@ -161,7 +161,7 @@ class Run:
         if eng.hooks.active and eng.hooks.subscribers(name):  # its context is built only for a listener
             eng.hooks.fire(name, ids, layer=layer, step=self.step, phase=self.counters.phase.get(self.step, "decode"),
                            position=self.pos0, logits=self.last.logits.get(layer),
-                           moe_input=self.last.moe_in.get(layer), resident=self.arena.published_experts(layer),
+                           moe_input=self.last.moe_in.get(layer), resident=self.arena.map.published_experts(layer),
                            predictions=self.planner.candidates(layer) if self.planner is not None else {})
         if self.planner is not None:
             self.planner.on_route(self, layer, ids)

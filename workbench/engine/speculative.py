@@ -119,7 +119,7 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
             mx.eval(verified)
             t2 = time.perf_counter()
             engine.arena.policy.tick()
-            residency.update(repr(engine.arena.residency_signature()).encode())
+            residency.update(repr(engine.arena.map.signature()).encode())
             drafts, verified = drafts.tolist(), verified.tolist()
             n = 0
             while n < n_draft and verified[n] == drafts[n]:

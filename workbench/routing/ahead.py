@@ -97,7 +97,7 @@ class Planner:
     def _read(self, run, target, z, width, evict=True) -> None:
         arena = run.arena
         cands = ahead_candidates(z, arena.mapped[target], width, self.mode, self.p, self.b, self.r1,
-                                 resident_mask=arena.resident_mask(target))
+                                 resident_mask=arena.map.resident_mask(target))
         self.pending[target] = cands
         for e in self.gate.filter(target, cands):
             arena.prefetch(target, e, run.engine.top_k, evict)

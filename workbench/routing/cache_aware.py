@@ -35,7 +35,7 @@ class CacheAwareRouter:
         E, k = logits.shape[-1], engine.top_k
         z = to_numpy(logits).reshape(-1, E)
         scores = selection_scores(fam, gate, z)
-        inds = cache_aware_select(scores, engine.arena.resident_mask(layer), k, self.p, self.b, self.r1)
+        inds = cache_aware_select(scores, engine.arena.map.resident_mask(layer), k, self.p, self.b, self.r1)
         w = gate_weights(fam, block, z, inds)
         shape = x.shape[:-1] + (k,)
         y = experts_of(block)(x, mx.array(inds.astype(np.int32)).reshape(shape))

@@ -247,7 +247,7 @@ def simulate(trace, arena: ArenaConfig | None = None, ahead: AheadConfig | None 
             TL = int(layers[tgt])
             z = scorer(tgt)
             if z is not None:
-                cands = ahead_candidates(z, ar.mapped[TL], k, mode=mode, p=p, b=b, r1=r1, resident_mask=ar.resident_mask(TL))
+                cands = ahead_candidates(z, ar.mapped[TL], k, mode=mode, p=p, b=b, r1=r1, resident_mask=ar.map.resident_mask(TL))
                 cands = [int(e) for e in cands if np.isfinite(z[e])]
                 eligible_by_target.setdefault(tgt, []).extend(cands)
                 issued_here = 0
@@ -271,7 +271,7 @@ def simulate(trace, arena: ArenaConfig | None = None, ahead: AheadConfig | None 
             pol.tick()
             tok_rows.append(dict(step=step, lookups=cur["lookups"], stall_s=cur["stall"], compute_s=cur["compute"],
                                  time_s=io.now - cur["t0"],
-                                 residency=hashlib.blake2b(ar.residency_signature(), digest_size=8).hexdigest()))
+                                 residency=hashlib.blake2b(ar.map.signature(), digest_size=8).hexdigest()))
             cur = dict(lookups=0, stall=0.0, compute=0.0, t0=io.now)
     now = io.now
     ar.finish_speculation()  # open speculation settles after the last token, off the clock
