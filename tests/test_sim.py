@@ -9,7 +9,7 @@ from workbench.cli import main as cli
 from workbench.config import AheadConfig, ArenaConfig
 from workbench.sim.replay import NotReplayableError, replay, replay_grid, replay_keys
 from workbench.sim.requests import parse_arena, requests_from_trace
-from workbench.trace.synthetic import synthetic_trace
+from workbench.trace.synthetic import routes_trace, synthetic_trace
 from workbench.sim.vtime import OUTCOMES, Timing, simulate
 from workbench.trace.schema import TraceError, write_trace
 
@@ -210,6 +210,21 @@ def test_vtime_accounting_invariants(tmp_path, policy, pred, mode, gate):
     assert s["lookups"] == s["hits"] + s["sync_misses"] + s["prefetch_claims"]
     assert s["tokens"] == 12 and len(r.layers) == 4
     assert s["virtual_s"] == pytest.approx(r.tokens["time_s"].sum())
+
+
+def test_vtime_replays_the_prefill_first(tmp_path):
+    # the prefill (step 0, 2 tokens) reads experts 0..3 into the 4 slots: decode then hits them all;
+    # phase="decode" replays decode from a cold arena
+    p = tmp_path / "p.parquet"
+    routes_trace(p, [[[0, 1]], [[2, 3]], [[0, 1]], [[2, 3]]], n_experts=8, prefill_tokens=2)
+    r = simulate(p, ArenaConfig(4))
+    assert (r.summary["hits"], r.summary["sync_misses"], r.summary["tokens"]) == (4, 0, 2)
+    pre = r.counters[r.counters.phase == "prefill"]
+    assert pre.step.tolist() == [0] and pre.sync_misses.tolist() == [4]
+    cold = simulate(p, ArenaConfig(4), phase="decode")
+    assert (cold.summary["hits"], cold.summary["sync_misses"]) == (0, 4) and set(cold.counters.phase) == {"decode"}
+    with pytest.raises(ValueError, match="unknown phase"):
+        simulate(p, ArenaConfig(4), phase="prefill")
 
 
 def test_vtime_errors(tmp_path):

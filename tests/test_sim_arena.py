@@ -4,6 +4,7 @@ replay a trace through the same rules as the engine."""
 from test_sim import _trace
 from workbench.arena.arena import OUTCOMES
 from workbench.config import AheadConfig, ArenaConfig, IOConfig
+from workbench.sim.drive import ResidencyHash
 from workbench.sim.ioreplay import replay_io
 from workbench.sim.vtime import Timing, simulate
 
@@ -78,18 +79,18 @@ def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
     arena, io, ahead = ArenaConfig("0.4"), IOConfig(workers=4), AheadConfig("layer", lookahead=1)
     with Engine(store, arena=arena, io=io, ahead=ahead, decode="layer", progress=False) as eng:
         layers = eng.m.moe_layers
-        live_res = _timely(eng.hooks, layers)
-        eng.hooks.add("token.end", lambda v, step, **ctx: live_res.__setitem__(step, _hash(eng.arena)))
+        live_res, live_hash = _timely(eng.hooks, layers), ResidencyHash()
+        eng.hooks.add("token.end", lambda v, step, **ctx: live_res.__setitem__(step, live_hash.update(eng.arena)))
         live = eng.generate([9], max_tokens=10, trace=TraceRecorder(path))
     pf = live.stats["prefetch"]
     assert pf["issued"] > 0 and pf["useful_timely"] > 0 and pf["completed_unused"] > 0
     assert pf["useful_late"] == pf["cancelled_before_read"] == pf["partially_read"] == 0
 
-    hooks, seen = Hooks(), {}
+    hooks, seen, io_hash = Hooks(), {}, ResidencyHash()
     io_res = _timely(hooks, layers)
 
     def token_end(value, step, counters, arena, **ctx):
-        io_res[step] = _hash(arena)
+        io_res[step] = io_hash.update(arena)
         seen["rows"] = counters
 
     hooks.add("token.end", token_end)
@@ -103,9 +104,4 @@ def test_engine_ioreplay_and_simulate_agree(tmp_path, tiny):
     assert _per_step(io_counters.frame()).equals(want)
     assert _per_step(sim.counters).equals(want)
     assert io_res == live_res and sim_res == live_res and len(live_res) == 10
-
-
-def _hash(arena):
-    import hashlib
-
-    return hashlib.blake2b(arena.map.signature(), digest_size=8).hexdigest()
+    assert sim_res[10] == live.stats["residency_hash"]

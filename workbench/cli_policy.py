@@ -71,7 +71,7 @@ def cmd_ioreplay(args) -> int:
     stats = replay_io(args.trace, args.store, arena=arena_config(args), io=io_config(args, "never"),
                       ahead=AheadConfig(predictor=args.predictor, lookahead=args.lookahead), compute_ms=args.compute_ms,
                       max_steps=args.max_steps, progress=not args.json, map_layers=args.map_layers,
-                      map_experts=args.map_experts)
+                      map_experts=args.map_experts, phase=args.phase)
     if args.json:
         print(json.dumps(stats))
     else:
@@ -106,7 +106,9 @@ def register(sub) -> None:
                                                      "pred_SRC, e.g. layer); default: layer when --lookahead is given")
     p.add_argument("--lookahead", type=int, default=None, help="layers ahead a read is issued (default 1); without "
                                                                "--predictor it implies --predictor layer")
-    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--max-steps", type=int, default=None, help="decode steps to replay (default all)")
+    p.add_argument("--phase", default="all", choices=["all", "decode"],
+                   help="all: replay the prefill first, as the engine ran it, untimed (default); decode: decode rows only")
     p.add_argument("--map-layers", choices=["modulo", "spread"], default=None,
                    help="replay a trace of another model: store layer j takes trace layer j mod n (modulo) "
                         "or j*n/N (spread); without it the layers must match")

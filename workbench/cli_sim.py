@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_replay)
 
     s = subparsers.add_parser("simulate", help="virtual-time replay with prefetch and I/O",
-                              description="Run the virtual-time model over a trace's decode rows.")
+                              description="Run the virtual-time model over a trace: its prefill as the engine ran it "
+                                          "(off the clock), then its decode rows, whose numbers it reports.")
     s.add_argument("trace")
     s.add_argument("--policy", default="lru")
     s.add_argument("--arena", default="0.25")
@@ -41,6 +42,8 @@ def register(subparsers) -> None:
     s.add_argument("--io-reserved", type=int, default=2, help="virtual workers that serve only urgent reads")
     s.add_argument("--piece-kb", type=int, default=None, help="split reads into pieces of this many KiB")
     s.add_argument("--expert-bytes", type=int, default=None, help="bytes per expert (default: the trace's)")
+    s.add_argument("--phase", default="all", choices=["all", "decode"],
+                   help="all: replay the prefill first, as the engine ran it (default); decode: the decode rows only")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_simulate)
 
@@ -115,7 +118,7 @@ def cmd_simulate(args) -> int:
 
     try:
         arena, ahead, timing = simulate_config(args)
-        res = simulate(args.trace, arena, ahead, timing=timing)
+        res = simulate(args.trace, arena, ahead, timing=timing, phase=args.phase)
     except (TraceError, ValueError) as err:
         return _fail(err)
     s = res.summary

@@ -52,8 +52,8 @@ class ArenaConfig:
     ``workbench.sizes``. ``policy``: an eviction policy name (simulate also takes a Policy class
     or instance). ``policy_options``: e.g. ``{"hotlist": "hot.txt"}``. ``writes``: direct | mapped |
     staged (engine; default by backend and arena size, ``arena.slots.default_mode``). ``preload``: auto
-    reads every expert at open when the arena holds them all, True / False force it (engine);
-    simulate preloads the policy's hotlist unless False."""
+    reads every expert at open when the arena holds them all, True / False force it; the policy's
+    warm keys (a hotlist) are read in any case (the engine and the simulators: ``arena.claims.preload``)."""
 
     size: str | int | float = "0.25"
     policy: object = "lru"

@@ -17,6 +17,7 @@ A batch of more than ``PREFILL_TOKENS`` tokens (prefill, a long verify pass) is 
 layer-ranked: its experts hottest first, at most ``prefill_cap(layer)`` at a time, and the
 prompt's hottest experts are kept hottest in the policy after it (``protect_prompt_hot``). A
 batch that wants more experts than the arena has room for runs in waves, resident experts first.
+``preload`` fills the arena before a run's first claim.
 """
 
 from __future__ import annotations
@@ -115,3 +116,12 @@ class Claims:
             if key in arena.smap and arena.published[arena.smap[key]]:
                 arena.policy.access(key)
         self.prompt_hot = []
+
+
+def preload(arena, how="auto") -> None:
+    """What a run's arena starts with (``ArenaConfig.preload`` is ``how``): the policy's warm keys (a
+    hotlist), and every routed expert when ``how`` is True, or "auto" and the arena holds them all."""
+    keys = [int(key) for key in arena.policy.warm_keys()]
+    if how is True or (how == "auto" and arena.n_slots >= arena.map.n_routed):
+        keys += [layer * arena.E + e for layer in arena.m.moe_layers for e in range(arena.E)]
+    arena.preload(list(dict.fromkeys(keys)))

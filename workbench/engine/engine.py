@@ -19,6 +19,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arena.claims import preload
 from ..arena.counters import Counters
 from .. import cuda
 from ..arrays import to_numpy
@@ -116,10 +117,7 @@ class Engine(SpeculativeMixin):
             wait = max(0.05, 4 * self.top_k * self.m.expert_bytes / 1e9)
             self.handshake = Handshake.create(self.m.moe_layers, self.top_k, self.arena.placeholder, wait,
                                               extra=self.m.n_experts)  # the planner's prediction: a router's logits
-        warm = self.arena.policy.warm_keys()
-        if arena.preload is True or (arena.preload == "auto" and self.n_slots >= self.m.n_routed):
-            warm = warm + [layer * self.m.n_experts + e for layer in self.m.moe_layers for e in range(self.m.n_experts)]
-        self.arena.preload(list(dict.fromkeys(warm)))
+        preload(self.arena, arena.preload)  # the policy's warm keys; every expert for a full arena
         self.views = frozen_views(self)  # a full arena: each layer's experts on views of its slots
         self.fast = fast_model(self) if self.views else None  # and mlx-lm's own model computing on them
         self._tokenizer = None

@@ -4,7 +4,8 @@ Replays a recorded routing trace through the *real* arena, I/O scheduler, read m
 eviction policies against a store of any expert size (for example a random model with
 MiniMax-like 1.2 MB experts), with per-layer compute time given or taken from the trace's
 run. This is how the SSD regime of a 200B model is studied on a small machine: routing
-from a real (small) model, bytes and timing from the big store.
+from a real (small) model, bytes and timing from the big store. The arena starts as the engine's
+does and replays the prefill as the engine ran it, then decode (``sim.drive``, ``arena.claims``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..arena.arena import Arena
+from ..arena.claims import Claims
 from ..arena.counters import Counters, summarize
 from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
 from ..hooks import Hooks
@@ -22,6 +24,7 @@ from ..io.scheduler import IOScheduler
 from ..sizes import arena_slots
 from ..store.manifest import Manifest
 from ..store.reader import BlobReader
+from .drive import ResidencyHash, check_phase, decisions, preload
 
 
 MAP_LAYERS = ("modulo", "spread")
@@ -61,101 +64,51 @@ def expert_map(n_trace: int, n_store: int, how=None):
 
 def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | None = None,
               ahead: AheadConfig | None = None, compute_ms=None, max_steps=None, progress=True,
-              map_layers=None, map_experts=None, hooks=None) -> dict:
+              map_layers=None, map_experts=None, hooks=None, phase="all") -> dict:
     """Replay ``trace`` (workbench.trace.schema.Trace, or a path) against ``store``.
 
-    ``arena``: ArenaConfig (default 0.25, lru); ``io``: IOConfig (default: no checksums, so reads
-    time as reads). ``ahead``: read-ahead from the trace: predictor "oracle" (the trace's own next
-    selections) or a recorded source ``SRC`` (the trace's ``pred_SRC`` column), issued
-    ``lookahead`` layers early; every recorded candidate is read (no ranking mode, gate or width:
-    those are ``simulate``'s). compute_ms: per-layer compute time in ms (default: the trace run's
-    compute_s spread evenly). map_layers / map_experts: how a trace of another model maps onto the
-    store (``layer_plan``, ``expert_map``); without them a mismatch is refused. Each token runs
-    every store MoE layer. ``hooks``: a ``Hooks`` whose subscribers see the arena's points and, as in
-    the engine, ``layer.{i}.experts.selected`` before each layer and ``token.end`` after each token
-    (both also given ``arena=``).
+    ``arena``: ArenaConfig (default 0.25, lru; ``preload`` as in the engine); ``io``: IOConfig
+    (default: no checksums, so reads time as reads). ``ahead``: read-ahead from the trace: predictor
+    "oracle" (the trace's own next selections) or a recorded source ``SRC`` (the trace's ``pred_SRC``
+    column), issued ``lookahead`` layers early; every recorded candidate is read (no ranking mode,
+    gate or width: those are ``simulate``'s). compute_ms: per-layer compute time in ms (default: the
+    trace run's compute_s spread evenly). map_layers / map_experts: how a trace of another model maps
+    onto the store (``layer_plan``, ``expert_map``); without them a mismatch is refused. Each token
+    runs every store MoE layer. ``max_steps``: decode steps. ``phase``: "all" replays the prefill
+    first, as the engine ran it (waves, prompt-hot protection; untimed, no compute, not in the
+    stats), "decode" the decode rows only. ``hooks``: a ``Hooks`` whose subscribers see the arena's
+    points and, as in the engine, ``layer.{i}.experts.selected`` before each layer and ``token.end``
+    after each token (both also given ``arena=``).
     """
     from ..arena.policies.static import require_hotlist
     from ..checks import real, whole
     from ..trace.schema import Trace, read_trace
 
-    arena = as_arena(arena)
-    io = io or IOConfig(verify="never")
-    ahead = ahead or AheadConfig()
+    arena, io, ahead, phase = as_arena(arena), io or IOConfig(verify="never"), ahead or AheadConfig(), check_phase(phase)
     if (ahead.mode, ahead.gate, ahead.width, ahead.oracle_trace) != ("raw", "none", None, None):
         raise ValueError("ioreplay reads every recorded candidate of --predictor at --lookahead: a ranking --mode, "
                          "--gate, --ahead-width or --oracle-trace is not replayed here; use workbench simulate for those")
-    prefetch = ahead.predictor if ahead.reads_ahead else None
-    distance = ahead.distance
     real("--compute-ms", compute_ms, 0, none_ok=True)
     whole("--max-steps", max_steps, 1, none_ok=True)
     require_hotlist(arena.policy, arena.options, "--hotlist FILE")
     trace = trace if isinstance(trace, Trace) else read_trace(trace)
     m = Manifest.load(store)
-    dec = trace.decode().sort_values(["step", "layer"])
-    if not len(dec):
-        raise ValueError(f"trace {trace.path or ''} has no decode rows to replay; record a run with --max-tokens 1 or more")
-    steps = sorted(dec.step.unique())[:max_steps]
-    t_layers = trace.moe_layers
-    plan = layer_plan(t_layers, m.moe_layers, map_layers)
+    plan = layer_plan(trace.moe_layers, m.moe_layers, map_layers)
     to_store = expert_map(int(trace.meta["n_experts"]), m.n_experts, map_experts)
-    if compute_ms is None:
-        st = trace.meta.get("stats") or {}
-        try:
-            n = max(1, whole("stats.tokens", st.get("tokens", 0), 0)) * len(t_layers)
-            compute_ms = 1e3 * real("stats.compute_s", st.get("compute_s", 0.0), 0) / n
-        except ValueError as e:
-            raise ValueError(f"trace {trace.path or ''} metadata {e}; pass --compute-ms") from None
-    column = None
-    if prefetch not in (None, "oracle"):
-        column = f"pred_{prefetch}"
-        if column not in dec.columns:
-            have = [c[5:] for c in dec.columns if c.startswith("pred_")]
-            raise ValueError(f"trace has no predictor column {column}; recorded sources: {have or 'none'} (or use oracle)")
-    sel = {(int(s), int(l)): to_store(np.asarray(v, dtype=np.int64)) for s, l, v in zip(dec.step, dec.layer, dec.selected)}
-    pred = {}
-    if column is not None:  # ids were checked against n_experts when the trace was read
-        pred = {(int(s), int(l)): to_store(np.asarray(v, dtype=np.int64))
-                for s, l, v in zip(dec.step, dec.layer, dec[column]) if v is not None}
-    missing = next(((s, tl) for s in steps for tl in t_layers if (s, tl) not in sel), None)
-    if missing is not None:
-        raise ValueError(f"trace {trace.path or ''} has no row for step {missing[0]} layer {missing[1]}; "
-                         "every decode step needs one row per MoE layer: re-record it")
-    k = max(len(v) for v in sel.values())
+    compute_ms = _compute_ms(trace, compute_ms)
+    routes = _Routes(trace, to_store, ahead.predictor if ahead.reads_ahead else None, phase, max_steps)
+    routes.check(plan, trace)
+    k = max(v.shape[-1] for v in routes.sel.values())
     n_slots = arena_slots(arena.size, m.n_routed, m.expert_bytes, k)
     counters, hooks = Counters(), hooks or Hooks()
     reader = BlobReader(store, m, mode=io.mode, verify=io.verify)
     sched = IOScheduler(reader, workers=io.workers, reserved=io.reserved)
     ar = Arena(m, n_slots, sched, counters, hooks, arena.policy, arena.options, arena.writes)
-    order = [(s, i) for s in steps for i in range(len(plan))]  # (step, index into plan)
-    times = []
+    run = _Replay(ar, k, plan, routes, ahead.distance, compute_ms, hooks)
     try:
-        for step_index, s in enumerate(tqdm(steps, desc="io replay", unit="tok", disable=not progress)):
-            t0 = time.perf_counter()
-            ar.step = s
-            counters.phase[s] = "decode"
-            for i, (sl, tl) in enumerate(plan):
-                ids = np.unique(sel[(s, tl)])
-                if hooks.active:
-                    hooks.fire(f"layer.{sl}.experts.selected", ids, layer=sl, step=s, arena=ar)
-                ar.at_layer(sl, ids)
-                if prefetch is not None:  # read ahead as the engine does: this layer's slots still pinned
-                    j = step_index * len(plan) + i + distance
-                    if j < len(order):
-                        ts, ti = order[j]
-                        target = (ts, plan[ti][1])
-                        cands = sel.get(target) if prefetch == "oracle" else pred.get(target)
-                        for e in ([] if cands is None else cands):
-                            ar.prefetch(plan[ti][0], int(e), k)
-                ar.release()
-                ar.after_layer()
-                _busy(compute_ms / 1e3)
-                counters.row(s, sl)["compute_ns"] += int(compute_ms * 1e6)
-            ar.policy.tick()
-            times.append(time.perf_counter() - t0)
-            if hooks.active:
-                hooks.fire("token.end", None, step=s, counters=counters.rows, arena=ar)
-        ar.finish_speculation()
+        preload(ar, counters, arena.preload)
+        run.prefill()
+        times = run.decode(progress)
     finally:
         sched.close()
         ar.close()
@@ -164,10 +117,115 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
     med = float(np.median(times)) if times else 0.0
     stats.update(tokens=len(times), median_token_ms=med * 1e3, compute_ms_per_token=compute_ms * len(plan),
                  bytes_per_token=stats["bytes_read"] / max(1, len(times)), arena_slots=n_slots,
-                 expert_bytes=m.expert_bytes, policy=arena.policy, prefetch_source=prefetch or "none", io_mode=io.mode,
-                 wall_s=float(sum(times)), layers_per_token=len(plan), map_layers=map_layers or "none",
-                 map_experts=map_experts or "none")
+                 expert_bytes=m.expert_bytes, policy=arena.policy, prefetch_source=routes.source or "none",
+                 io_mode=io.mode, wall_s=float(sum(times)), layers_per_token=len(plan), map_layers=map_layers or "none",
+                 map_experts=map_experts or "none", residency_hash=run.residency.hexdigest())
     return stats
+
+
+def _compute_ms(trace, compute_ms) -> float:
+    """The per-layer compute to sleep: given, or the trace run's compute spread evenly."""
+    from ..checks import real, whole
+
+    if compute_ms is not None:
+        return compute_ms
+    st = trace.meta.get("stats") or {}
+    try:
+        n = max(1, whole("stats.tokens", st.get("tokens", 0), 0)) * len(trace.moe_layers)
+        return 1e3 * real("stats.compute_s", st.get("compute_s", 0.0), 0) / n
+    except ValueError as e:
+        raise ValueError(f"trace {trace.path or ''} metadata {e}; pass --compute-ms") from None
+
+
+class _Routes:
+    """A trace's decisions by (step, trace layer) as store ids (``sel``: [tokens, k] each), the
+    read-ahead candidates of its decode rows (``pred``), and the steps to replay."""
+
+    def __init__(self, trace, to_store, source, phase, max_steps):
+        dec = trace.decode()
+        if not len(dec):
+            raise ValueError(f"trace {trace.path or ''} has no decode rows to replay; record a run with --max-tokens 1 "
+                             "or more")
+        self.source = source
+        column = {None: None, "oracle": "selected"}.get(source, f"pred_{source}")
+        if column is not None and column not in dec.columns:
+            have = [c[5:] for c in dec.columns if c.startswith("pred_")]
+            raise ValueError(f"trace has no predictor column {column}; recorded sources: {have or 'none'} (or use oracle)")
+        rows = trace.routes if phase == "all" else dec
+        self.sel = {}
+        for d in decisions(rows):
+            ids = to_store(d.ids)
+            self.sel[(d.step, d.layer)] = np.unique(ids)[None] if len(ids) == 1 else ids  # a map may repeat an id
+        self.pred = {}
+        if column is not None:  # ids were checked against n_experts when the trace was read
+            self.pred = {(int(s), int(l)): to_store(np.asarray(v, dtype=np.int64))
+                         for s, l, v in zip(dec.step, dec.layer, dec[column]) if v is not None}
+        self.steps = sorted(int(s) for s in dec.step.unique())[:max_steps]
+        pre = trace.routes[trace.routes["phase"] == "prefill"]
+        self.prefill = sorted(int(s) for s in pre.step.unique()) if phase == "all" else []
+
+    def check(self, plan, trace) -> None:
+        missing = next(((s, tl) for s in self.prefill + self.steps for _, tl in plan if (s, tl) not in self.sel), None)
+        if missing is not None:
+            raise ValueError(f"trace {trace.path or ''} has no row for step {missing[0]} layer {missing[1]}; "
+                             "every step needs its rows at every MoE layer: re-record it")
+
+
+class _Replay:
+    """The replay loop: every decision through ``Claims``, read-ahead from the recorded candidates."""
+
+    def __init__(self, ar, k, plan, routes, distance, compute_ms, hooks):
+        self.ar, self.k, self.plan, self.routes, self.distance = ar, k, plan, routes, distance
+        self.compute_ms, self.hooks, self.residency = compute_ms, hooks, ResidencyHash()
+        self.claims = Claims(ar, k, on_begin=self._selected)
+        self.order = [(s, i) for s in routes.steps for i in range(len(plan))]  # (step, index into plan)
+
+    def _selected(self, layer, ids) -> None:
+        if self.hooks.active:
+            self.hooks.fire(f"layer.{layer}.experts.selected", np.unique(ids), layer=layer, step=self.ar.step,
+                            arena=self.ar)
+
+    def prefill(self) -> None:
+        """The prefill, as the engine runs it: no read-ahead (its planner predicts in decode only)."""
+        for s in self.routes.prefill:
+            self.ar.step = s
+            self.ar.counters.phase[s] = "prefill"
+            for sl, tl in self.plan:
+                self.claims.route(sl, self.routes.sel[(s, tl)])
+        if self.routes.prefill:
+            self.claims.protect_prompt_hot()
+
+    def decode(self, progress) -> list:
+        """The decode steps; each one's wall time."""
+        ar, counters, times = self.ar, self.ar.counters, []
+        ahead = self._read_ahead if self.routes.source is not None else None
+        for pos, s in enumerate(tqdm(self.routes.steps, desc="io replay", unit="tok", disable=not progress)):
+            t0 = time.perf_counter()
+            ar.step = s
+            counters.phase[s] = "decode"
+            for i, (sl, tl) in enumerate(self.plan):
+                at = pos * len(self.plan) + i
+                self.claims.route(sl, self.routes.sel[(s, tl)], ahead and (lambda: ahead(at)))
+                _busy(self.compute_ms / 1e3)
+                counters.row(s, sl)["compute_ns"] += int(self.compute_ms * 1e6)
+            ar.policy.tick()
+            times.append(time.perf_counter() - t0)
+            self.residency.update(ar)
+            if self.hooks.active:
+                self.hooks.fire("token.end", None, step=s, counters=counters.rows, arena=ar)
+        ar.finish_speculation()
+        return times
+
+    def _read_ahead(self, at) -> None:
+        """Read the candidates recorded for the layer ``distance`` after position ``at``, as the
+        engine does: this layer's slots still pinned."""
+        j = at + self.distance
+        if j >= len(self.order):
+            return
+        ts, ti = self.order[j]
+        cands = self.routes.pred.get((ts, self.plan[ti][1]))
+        for e in ([] if cands is None else cands):
+            self.ar.prefetch(self.plan[ti][0], int(e), self.k)
 
 
 def _busy(seconds: float) -> None:
