@@ -157,8 +157,8 @@ class Run:
         the ``experts.selected`` hook point carries what recorders need, then the planner learns the
         route."""
         eng = self.engine
-        name = eng.names[layer]["experts.selected"]
-        if eng.hooks.active and eng.hooks.subscribers(name):  # its context is built only for a listener
+        name = eng.names[layer]["experts.selected"] if eng.hooks.active else None
+        if name is not None and eng.hooks.subscribers(name):  # its context is built only for a listener
             eng.hooks.fire(name, ids, layer=layer, step=self.step, phase=self.counters.phase.get(self.step, "decode"),
                            position=self.pos0, logits=self.last.logits.get(layer),
                            moe_input=self.last.moe_in.get(layer), resident=self.arena.map.published_experts(layer),
