@@ -97,3 +97,27 @@ def test_a_token_given_up_is_computed_again_with_its_own_draw(tiny):
     for key in ("hits", "misses", "evictions", "bytes_read", "residency_hash"):
         assert runs[True].stats[key] == runs[False].stats[key], key
     assert sampled[True].tokens == sampled[False].tokens
+
+
+def test_the_decode_mode_never_depends_on_read_timing(tiny):
+    """auto's controller counts a layer as missed from the claims alone (a demand read or a claimed
+    speculative read, complete or not), so whether a read-ahead finished in time never changes the
+    mode of a later token, and so never the residency: one I/O worker reading slowly against eight,
+    at a sync cost near the controller's threshold, give the same modes, counters and residency."""
+    from workbench.config import IOConfig
+
+    _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    seen = []
+    for workers, delay in ((1, 2e-3), (8, 0.0), (1, 0.0)):
+        with Engine(store, arena=ArenaConfig("0.5"), io=IOConfig(workers=workers, reserved=0), decode="auto",
+                    ahead=AheadConfig(predictor="layer", lookahead=1), sync_cost=3.0, progress=False) as eng:
+            eng.handshake = HostDevice(eng)
+            if delay:  # every read waits a little: read-ahead is late where it would have been on time
+                import time
+
+                read = eng.reader.read_probed
+                eng.reader.read_probed = lambda *a, **k: (time.sleep(delay), read(*a, **k))[1]
+            res = eng.generate(PROMPT, max_tokens=12)
+        frame = res.counters.groupby("step")[["optimistic", "handshake", "hits", "sync_misses"]].sum()
+        seen.append((res.tokens, res.stats["residency_hash"], frame.to_dict()))
+    assert seen[0] == seen[1] == seen[2]

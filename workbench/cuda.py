@@ -1,6 +1,6 @@
 """CUDA interop: the runtime MLX loaded, called through ``ctypes``.
 
-Used by the arena's slot memory (``arena.slots``, ``arena.staging``), the handshake
+Used by the arena's slot memory (``arena.slots``: mapped memory, staged landing), the handshake
 (``engine.handshake``) and ``bench/``. Every function takes the runtime handle ``lib``
 (``runtime()``) and does nothing CUDA-specific unless this is a CUDA build running on the GPU
 (``in_use()``); elsewhere the callers run their host fallbacks.

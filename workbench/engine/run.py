@@ -195,8 +195,11 @@ class Run:
                 and not (eng.hooks.active and eng.forward_hooked()))
 
     def layers_missed(self) -> int:
+        """MoE layers of this step that an optimistic token would have missed: a demand read, or a
+        claim of a speculative read (not published: the device table maps it to the placeholder).
+        Whether that read was complete when claimed is timing, which the controller never sees."""
         rows = [self.counters.row(self.step, layer) for layer in self.engine.m.moe_layers]
-        return sum(1 for r in rows if r["sync_misses"] or r["prefetch_useful_late"])
+        return sum(1 for r in rows if r["sync_misses"] or r["prefetch_useful_late"] or r["prefetch_useful_timely"])
 
     def count_recompute(self, layer) -> None:
         c = self.counters.row(self.step, layer)
