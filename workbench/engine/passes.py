@@ -231,7 +231,7 @@ class OptimisticPass(Pass):
 
     def experts(self, layer, inner, x, indices):
         self.ids[layer] = indices
-        view = self.views.get(layer)  # a frozen arena: the layer's slots in id order (Engine._frozen_views)
+        view = self.views.get(layer)  # a frozen arena: the layer's slots in id order (frozen.frozen_views)
         if view is not None:
             return view(x, indices)
         return inner(x, self.lut[layer][indices])
