@@ -71,14 +71,20 @@ def test_sampled_stream_equals_resident(tiny, bits, sampling):
     ref_draws = []
     ref = resident_sampled(model_dir, PROMPT, 16, seed=11, draws=ref_draws, **sampling)
     assert ref != greedy, "the sampler must change the tokens for the test to mean anything"
-    for arena in ("2", "0.25"):
+    for arena, decode in (("2", "auto"), ("0.25", "auto"), ("0.25", "optimistic"), ("0.25", "layer"), ("1.0", "auto")):
         draws = []
-        with Engine(store, arena=arena, progress=False) as eng:
+        with Engine(store, arena=arena, decode=decode, progress=False) as eng:
             mx.random.seed(11)
             res = eng.generate(PROMPT, max_tokens=16, sampler=recording(gen.make_sampler(**sampling), draws))
-        assert_same_stream(res.tokens, draws, ref, ref_draws, gen.make_sampler(**sampling),
-                           f"bits={bits} arena={arena} {sampling}")
-        assert res.stats["misses"] > 0
+        what = f"bits={bits} arena={arena} decode={decode} {sampling}"
+        assert_same_stream(res.tokens, draws, ref, ref_draws, gen.make_sampler(**sampling), what)
+        st = res.stats
+        if arena == "1.0":  # sampled takes greedy's paths: every token optimistic, none recomputed
+            assert st["optimistic_tokens"] == 16 and st["recomputes"] == 0 and st["misses"] == 0, what
+        else:
+            assert st["misses"] > 0, what
+        if decode == "optimistic":  # misses recompute, and a recomputed token is drawn again with its key
+            assert st["optimistic_tokens"] == 16 and st["recomputes"] > 0, what
 
 
 def test_reseed_draws_again_with_the_same_key():

@@ -235,6 +235,11 @@ class Arena:
                 self._unmap(s)
         self.gen += 1
 
+    def clear_limbo(self) -> None:
+        """Unmap every slot in limbo now (their outcomes land in this step)."""
+        for s in list(self.limbo):
+            self._unmap(s)
+
     # ---- speculative path --------------------------------------------------------------
     def prefetch(self, layer: int, expert: int, top_k: int, evict: bool = True) -> ReadRequest | None:
         """Start a speculative read of (layer, expert); never publishes, never evicts ``layer``;

@@ -17,6 +17,9 @@ A batch of more than ``PREFILL_TOKENS`` tokens (prefill, a long verify pass) is 
 layer-ranked: its experts hottest first, at most ``prefill_cap(layer)`` at a time, and the
 prompt's hottest experts are kept hottest in the policy after it (``protect_prompt_hot``). A
 batch that wants more experts than the arena has room for runs in waves, resident experts first.
+A batch long enough to route to most of a layer's experts (``reads_next_layer``) reads the next
+MoE layer's experts speculatively at ``end``, while this layer computes: each read at most once,
+claimed (or dropped to limbo) at that layer.
 ``preload`` fills the arena before a run's first claim.
 """
 
@@ -32,6 +35,13 @@ def prefill_cap(layer: int) -> int:
     return 128 if layer >= 40 else 256
 
 
+def reads_next_layer(n_tokens: int, top_k: int, n_experts: int, n_slots: int) -> bool:
+    """Whether a batch of ``n_tokens`` reads the next layer's experts ahead: it routes at least
+    twice as many picks as a layer has experts (uniform routing would then touch 86% of them), and
+    the arena holds two layers' experts besides a decode token's (both in flight at once)."""
+    return n_tokens * top_k >= 2 * n_experts and n_slots >= 2 * n_experts + 2 * top_k
+
+
 class Claims:
     """One run's claim sequence over ``arena``. ``on_begin(layer, ids)`` is called first for every
     routing decision (the engine fires ``experts.selected`` and teaches its planner there)."""
@@ -39,16 +49,22 @@ class Claims:
     def __init__(self, arena, top_k: int, on_begin=None):
         self.arena, self.top_k, self.on_begin = arena, top_k, on_begin
         self.prompt_hot: list = []  # (count, layer, expert) of the batches streamed layer-ranked
+        layers = list(arena.m.moe_layers)
+        self.next_layer = dict(zip(layers, layers[1:]))  # MoE layer -> the next one
+        self.ahead = None  # the MoE layer whose experts ``end`` reads ahead (a long batch), or None
 
     def begin(self, layer: int, ids: np.ndarray) -> list:
         """``ids`` ([..., top_k] host ids, one row per token) were routed at ``layer``: the waves
         (sorted unique expert ids each) to claim in turn."""
         if self.on_begin is not None:
             self.on_begin(layer, ids)
+        self.ahead = None
         if ids.size == self.top_k:  # one token: its top-k ids are distinct already
             return [sorted(ids.reshape(-1).tolist())]  # a list: numpy's first call after a sync is slow
         wanted, counts = np.unique(ids, return_counts=True)
         arena = self.arena
+        if reads_next_layer(ids.size // self.top_k, self.top_k, arena.E, arena.n_slots):
+            self.ahead = self.next_layer.get(layer, -1)  # -1: the last layer, whose end settles the reads
         room = arena.n_slots - len(arena.spec) - len(arena.limbo)
         if ids.size // self.top_k > PREFILL_TOKENS:  # layer-ranked streaming, hottest first
             room = min(room, prefill_cap(layer))
@@ -78,8 +94,14 @@ class Claims:
         them), then they are released and the limbo generation turns."""
         if read_ahead is not None:
             read_ahead()
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead >= 0:  # speculative reads of the next layer's experts not mapped,
+            for e in range(self.arena.E):  # as far as the arena lets (never a pinned slot, never that layer's)
+                self.arena.prefetch(ahead, e, self.top_k)
         self.arena.release()
         self.arena.after_layer()
+        if ahead == -1:  # the batch's last layer: its reads not claimed are settled in its step
+            self.arena.clear_limbo()
 
     def route(self, layer: int, ids: np.ndarray, read_ahead=None) -> np.ndarray:
         """The whole sequence for a decision with no compute in between; the last wave's table."""

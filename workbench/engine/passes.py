@@ -34,7 +34,7 @@ def reseed(key) -> None:
     """Put MLX's global random key back to ``key`` (an earlier ``mx.random.state[0]``): a token drawn
     again is drawn with the key of its first draw, as resident mlx-lm draws it once.
     ``mx.random.seed(n)`` makes the key [n >> 32, n & 0xffffffff]."""
-    hi, lo = (int(w) for w in np.array(key).reshape(-1))
+    hi, lo = (int(w) for w in np.asarray(key).reshape(-1))
     mx.random.seed(hi << 32 | lo)
     if np.array(mx.random.state[0]).reshape(-1).tolist() != [hi, lo]:
         raise EngineError("this MLX's random.seed does not make the key [seed >> 32, seed & 0xffffffff]: a sampled "
@@ -239,6 +239,7 @@ class OptimisticPass(Pass):
     def start(self, y):
         """Build the token's graph with no host sync and start it on the device."""
         self.input = y
+        self.key = mx.random.state[0] if self.run.sampler is not None else None  # a redraw's key
         self._build(y)
         mx.async_eval(self.host)
         return self
@@ -250,18 +251,19 @@ class OptimisticPass(Pass):
         # a frozen arena has no miss to verify: ids come back only for whoever reads them
         self.with_ids = not self.views or eng.hooks.active or run.recorder is not None or run.planner is not None
         self.out = run.forward(self, y, eng.model if self.with_ids else eng.fast)
-        self.y = mx.argmax(self.out, axis=-1)
+        self.y = run.draw(self.out)
         self.computed = [layer for layer in eng.m.moe_layers if layer >= self.first]
         # what the planner reads on the host (router logits), as float32; a trace keeps its values on
         # the device and converts them all when the run ends
         keep = (self.logits,) if run.planner is not None else ()
         self.record = [d for d in keep if all(layer in d for layer in self.computed)]
         # one array, one transfer: every layer's ids, the planner's values (their float32 bits), the
-        # logits' sum (finite?), the token
+        # draw's key (sampled), the logits' sum (finite?), the token
         ids = [self.ids[layer].reshape(-1).astype(mx.uint32) for layer in self.computed] if self.with_ids else []
         values = [mx.view(d[layer].reshape(-1).astype(mx.float32), mx.uint32) for d in self.record
                   for layer in self.computed]
-        self.host = mx.concatenate(ids + values + [logit_sum(self.out), self.y.astype(mx.uint32)])
+        key = [] if self.key is None else [self.key.reshape(-1).astype(mx.uint32)]
+        self.host = mx.concatenate(ids + values + key + [logit_sum(self.out), self.y.astype(mx.uint32)])
 
     def finish(self):
         """Verify (one sync), settle the layers that hit, recompute from a miss; (logits, y, token).
@@ -297,7 +299,9 @@ class OptimisticPass(Pass):
         self.finite_ok, self.token = sum_finite(host[-2]), int(host[-1])
         k = self.run.engine.top_k
         n_ids = len(self.computed) * k if self.with_ids else 0
-        flat, pos = host[n_ids:-2].view(np.float32), 0
+        end = -2 if self.key is None else -4
+        self.host_key = None if self.key is None else host[-4:-2]
+        flat, pos = host[n_ids:end].view(np.float32), 0
         for d in self.record:
             for layer in self.computed:
                 n = int(np.prod(d[layer].shape))
@@ -339,6 +343,8 @@ class OptimisticPass(Pass):
         self.read_successors(self.computed[stop + 1:], ids[stop + 1:])
         run.count_recompute(layer)
         self.first, self.attempt = layer, self.attempt + 1
+        if self.key is not None:
+            reseed(self.host_key)  # drawn again with the first draw's key, as resident mlx-lm draws it once
         with Rewind(run.cache, layer):
             self._build(self.input)
         mx.eval(self.host)

@@ -3,9 +3,9 @@
 claim sequence) and drive the model through passes (``passes.py``).
 
 Read ``generate`` top to bottom: prefill the prompt in one pass, then one token per step. A
-token is an optimistic pass when the controller says so (greedy decoding, no cache-aware routing,
-caches that roll back), else a per-layer pass: through the handshake where it works, else with a
-sync per MoE layer.
+token is an optimistic pass when the controller says so (no cache-aware routing, caches that roll
+back; greedy or sampled), else a per-layer pass: through the handshake where it works, else with
+a sync per MoE layer. A sampled token computed again is drawn again with its first draw's key.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Run:
         self.cache = make_prompt_cache(engine.model)
         self.step, self.pos0 = 0, 0
         self.last = Pass(self, 0)  # the pass whose layer values the hook points read
-        self.ahead = None  # greedy optimistic decode: the next token's pass, launched before this one settles
+        self.ahead = None  # optimistic decode: the next token's pass, launched before this one settles
 
     # ---- the decode loop ---------------------------------------------------------------
     def generate(self, bar, eos) -> tuple:
@@ -87,11 +87,11 @@ class Run:
         """One decode step: (logits, the next input, the token)."""
         if self.ahead is not None:  # this token's optimistic pass was launched during the last one
             p, self.ahead = self.ahead, None
-        elif self.sampler is None and self.optimistic_now():
+        elif self.optimistic_now():
             p = OptimisticPass(self, step).start(y)
         else:
             p = None
-        if p is not None and self.sampler is None and step < self.max_step and self.optimistic_now():
+        if p is not None and step < self.max_step and self.optimistic_now():
             self.ahead = OptimisticPass(self, step + 1).start(p.y)  # its graph is built before this one's sync
         self.begin_step(step, "decode")
         if p is None:
@@ -143,13 +143,17 @@ class Run:
         """One decode token through ``p``: the last position's logits."""
         return self.call(p, y[None], model)[:, -1, :]
 
+    def draw(self, logits):
+        """The next token on the device: argmax, or ``sampler`` on the log-probabilities as mlx-lm's
+        generate_step calls it (one draw from MLX's global key)."""
+        if self.sampler is None:
+            return mx.argmax(logits, axis=-1)
+        return self.sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
     def token_out(self, logits):
         """The next input, and what the host reads of the token in one transfer: the token id and the
         bits of the logits' sum (finite?)."""
-        if self.sampler is None:
-            nxt = mx.argmax(logits, axis=-1)
-        else:
-            nxt = self.sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+        nxt = self.draw(logits)
         return nxt, mx.concatenate([nxt.astype(mx.uint32), logit_sum(logits)])
 
     def selected(self, layer, ids) -> None:
