@@ -1,7 +1,13 @@
 """Engine speed, side by side in one process: streamed vs resident mlx-lm vs the sync floor.
 
-    python bench/bench_engine.py [--model DIR | --mid] [--device cpu|gpu] [--tokens 64] [--reps 5]
-                                 [--arenas 1.0,0.5,0.25] [--decode auto,layer]
+    python bench/bench_engine.py [--model DIR | --mid | --wide] [--device cpu|gpu] [--tokens 64] [--reps 5]
+                                 [--arenas 1.0,0.5,0.25] [--decode auto,layer] [--temp 0,1.0] [--prefill 2048]
+
+Models: the reference model (experts of 31 KB), ``--mid`` (0.5 MB) or ``--wide [H,W,E]`` (by default
+Qwen3-30B-A3B's expert shape, 2.6 MB, 16 layers, routers skewed to 16 experts per layer:
+``randmodel.make_wide_model``).
+``--temp``: decoding temperatures (0: greedy), each row's tokens drawn with one seed on every side.
+``--prefill N``: also time to first token on an N-token prompt, streamed vs resident, per arena.
 
 Rows per arena and decode mode, medians of per-token decode times over ``--reps`` interleaved
 runs (so drifting load hits every side alike):
@@ -53,6 +59,48 @@ def mid_model() -> Path:
     return path
 
 
+def wide_model(shape="2048,768,128") -> Path:
+    """A random qwen3_moe of 16 layers with skewed routers at expert shape HIDDEN,WIDTH,EXPERTS
+    (default Qwen3-30B-A3B's: 2.6 MB experts; 1024,256,64 makes 0.44 MB ones)."""
+    from workbench.randmodel import make_wide_model
+
+    hidden, width, experts = (int(v) for v in shape.split(","))
+    path = cache_dir() / "bench" / f"wide-16x{experts}-h{hidden}-w{width}-4bit"
+    if not (path / "config.json").exists():
+        make_wide_model(path, hidden=hidden, expert_width=width, experts=experts)
+    return path
+
+
+def sampler_for(temp):
+    from mlx_lm.sample_utils import make_sampler
+
+    return None if temp == 0 else make_sampler(temp=temp)
+
+
+def resident_ms(prompt, model, n, temp, seed=7):
+    """Median per-token ms of mlx-lm's generate_step, and its tokens (seeded as the engine is)."""
+    mx.random.seed(seed)
+    toks, times, t = [], [], time.perf_counter()
+    for (tok, _), _ in zip(generate_step(mx.array(prompt), model, sampler=sampler_for(temp)), range(n)):
+        now = time.perf_counter()
+        times.append(now - t)
+        toks.append(int(tok))
+        t = now
+    return statistics.median(times[1:]) * 1e3, toks
+
+
+def ttft_resident(prompt, model) -> float:
+    t = time.perf_counter()
+    next(generate_step(mx.array(prompt), model))
+    return time.perf_counter() - t
+
+
+def ttft_streamed(eng, prompt) -> tuple[float, dict]:
+    t = time.perf_counter()
+    res = eng.generate(prompt, max_tokens=1, progress=False)
+    return time.perf_counter() - t, res.stats["prefill"]
+
+
 def token_ms(gen, n):
     times, t = [], time.perf_counter()
     for _, _ in zip(gen, range(n)):
@@ -89,12 +137,14 @@ def spread(streamed_ms, floor_ms) -> str:
     return f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
 
 
-def streamed(eng, prompt, n, trace=None):
-    res = eng.generate(prompt, max_tokens=n, trace=trace, progress=False)
+def streamed(eng, prompt, n, trace=None, temp=0, seed=7):
+    mx.random.seed(seed)
+    res = eng.generate(prompt, max_tokens=n, trace=trace, progress=False, sampler=sampler_for(temp))
     c = res.counters
     dec = c[c.phase == "decode"].groupby("step")[["bytes_read", "misses", "prefetch_useful_late"]].sum()
     quiet = [t for t, (_, row) in zip(res.step_times, dec.iterrows()) if not row.any()]
     res.stats["bytes_per_token"] = dec.bytes_read.iloc[1:].mean() if len(dec) > 1 else 0.0
+    res.stats["token_ids"] = res.tokens
     return statistics.median(res.step_times[1:]) * 1e3, res.stats, (statistics.median(quiet) * 1e3 if quiet else None)
 
 
@@ -128,10 +178,52 @@ def ahead_config(spec):
     return AheadConfig(predictor=predictor, lookahead=int(lookahead or 1))
 
 
+def ttft_rows(path, model, a, gbps) -> None:
+    """Time to first token on an ``--prefill``-token prompt, streamed vs resident, per arena (medians
+    of ``--reps``, each streamed run from a fresh arena). The prefill floor: resident plus the
+    prefill's bytes read once at the read path's rate."""
+    prompt = np.random.default_rng(1).integers(1, model.args.vocab_size, a.prefill).tolist()
+    print(f"time to first token, {a.prefill}-token prompt:")
+    print("arena  writes  resident-s  streamed-s  vs-resident  prefill-MB  floor-s  hit-rate  streamed/floor")
+    ttft_resident(prompt, model)
+    for arena in a.arenas.split(","):
+        for writes in a.writes.split(",") if a.writes else [None]:
+            res, st = [], []
+            with Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False) as eng:
+                ttft_streamed(eng, prompt[:64])  # warm: compiled kernels
+                full, name = eng.n_slots >= eng.m.n_routed, eng.arena.writes
+                for _ in range(a.reps):
+                    res.append(ttft_resident(prompt, model))
+                    if full:  # never misses: the same arena serves every rep
+                        t, pre = ttft_streamed(eng, prompt)
+                    else:  # a partial arena starts each prefill empty
+                        with Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False) as fresh:
+                            t, pre = ttft_streamed(fresh, prompt)
+                    st.append(t)
+                    eng = Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False)
+                    ttft_streamed(eng, prompt[:64])  # warm: compiled kernels
+                    eng.close()
+                    eng = Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False)
+                res.append(ttft_resident(prompt, model))
+                t, pre = ttft_streamed(eng, prompt)
+                st.append(t)
+            name = eng.arena.writes
+            eng.close()
+            rm, sm = statistics.median(res), statistics.median(st)
+            floor = rm + pre["bytes_read"] / gbps / 1e9
+            print(f"{arena:>5}  {name:<6}  {rm:10.3f}  {sm:10.3f}  {rm / sm:10.2f}x  {pre['bytes_read'] / 1e6:10.0f}  "
+                  f"{floor:7.3f}  {pre['hit_rate']:7.1%}  {sm / floor:8.2f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--mid", action="store_true", help="the random 16 x 64, hidden 1024, 4-bit model")
+    ap.add_argument("--wide", nargs="?", const="2048,768,128", default=None, metavar="H,W,E",
+                    help="a random model with skewed routers at expert shape HIDDEN,WIDTH,EXPERTS (default: "
+                    "Qwen3-30B-A3B's, 2.6 MB experts)")
+    ap.add_argument("--temp", default="0", help="decoding temperatures, comma-separated (0: greedy)")
+    ap.add_argument("--prefill", type=int, default=0, help="also time to first token on a prompt of this many tokens")
     ap.add_argument("--device", default=None)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
@@ -161,12 +253,12 @@ def main():
     dev = parse_device(a.device)
     if dev is not None:
         mx.set_default_device(dev)
-    path = mid_model() if a.mid else Path(a.model or default_model())
+    path = mid_model() if a.mid else wide_model(a.wide) if a.wide else Path(a.model or default_model())
     with Engine.open(path, arena="1.0", progress=False) as eng:
         try:
             prompt = eng.encode(workload("code_heldout")[0]["text"])[:64]
-        except Exception:
-            prompt = list(range(1, 17))
+        except Exception:  # no tokenizer (the random models): a seeded random prompt
+            prompt = np.random.default_rng(0).integers(1, eng.model.args.vocab_size, 64).tolist()
         gbps, threads = read_gbps(eng)
     model = load_model(path)[0]
     floor_model = sync_floor_model(path)
@@ -174,8 +266,11 @@ def main():
           f"mlx {mx.__version__} | device {mx.default_device()} | {a.tokens} tokens x {a.reps} reps")
     print(f"read path: {gbps:.2f} GB/s (the store's blobs, page cache warm, {threads}); read floor: the "
           "sync floor plus the bytes read per decode token at that rate")
-    print("arena  decode     writes  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  opt-tok  "
-          "recomp  hs-tok  host-us/layer  MB/tok  read-floor  engine/floor per rep")
+    if a.prefill:
+        ttft_rows(path, model, a, gbps)
+    print("arena  decode     writes  temp  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  "
+          "opt-tok  recomp  hs-tok  host-us/layer  MB/tok  read-floor  equal  engine/floor per rep")
+    temps = [float(t) for t in a.temp.split(",")]
     combos = [(arena, decode, w, ahead, inline, landing, pipe, hs) for arena in a.arenas.split(",")
               for decode in a.decode.split(",") for w in (a.writes.split(",") if a.writes else [None])
               for ahead in a.ahead.split(",") for inline in a.inline_below.split(",") for landing in a.landing.split(",")
@@ -200,42 +295,46 @@ def main():
                     eng.handshake = None
                 elif hs != "engine" and eng.handshake is not None:
                     eng.handshake.per_layer = hs == "layer"
-                streamed(eng, prompt, 8)  # warm: page cache and compiled kernels
-                r, f, s, q, stats = [], [], [], [], None
-                for _ in range(a.reps):
-                    r.append(token_ms(generate_step(mx.array(prompt), model), a.tokens))
-                    f.append(token_ms(generate_step(mx.array(prompt), floor_model), a.tokens))
-                    ms, stats, quiet = streamed(eng, prompt, a.tokens)
-                    s.append(ms)
-                    if quiet is not None:
-                        q.append(quiet)
-                rm, fm, sm = statistics.median(r), statistics.median(f), statistics.median(s)
-                qm = f"{statistics.median(q):7.2f}" if q else "    n/a"
-                label = decode + ("" if ahead == "none" else f"+{ahead}") + ("" if inline == "engine" else f" inline<{inline}")
-                label += "" if pipe == "engine" else f" pipe-{pipe}"
-                label += "" if hs == "engine" else f" hs-{hs}"
-                if landing != "engine" and staging is not None and staging.device_copy:
-                    label += " kernel" if staging.kernel else " dma"
-                print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
-                      f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
-                      f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  {stats['handshake_tokens']:5d}  "
-                      f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {stats['bytes_per_token'] / 1e6:6.2f}  "
-                      f"{fm + stats['bytes_per_token'] / gbps / 1e6:10.2f}  {spread(s, f)}", flush=True)
-                if a.profile:
-                    host_profile(eng, prompt, a.tokens, a.profile)
-                first = next(c for c in combos if c[0] == arena)
-                if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs) == first:
-                    with tempfile.TemporaryDirectory() as d:
-                        plain, traced = [], []
-                        for i in range(a.reps):
-                            plain.append(streamed(eng, prompt, a.tokens)[0])
-                            traced.append(streamed(eng, prompt, a.tokens, TraceRecorder(f"{d}/t{i}.parquet", moe_input=True))[0])
-                        print(f"trace: untraced {statistics.median(plain):.2f} ms/tok, full trace recorder "
-                              f"{statistics.median(traced):.2f} ms/tok, ratio {statistics.median(traced) / statistics.median(plain):.3f}",
-                              flush=True)
-                        if a.profile:
-                            print("  the traced run's host profile:")
-                            host_profile(eng, prompt, a.tokens, a.profile, TraceRecorder(f"{d}/p.parquet", moe_input=True))
+                for temp in temps:
+                    streamed(eng, prompt, 8, temp=temp)  # warm: page cache and compiled kernels
+                    r, f, s, q, stats, equal = [], [], [], [], None, True
+                    for _ in range(a.reps):
+                        ms, want = resident_ms(prompt, model, a.tokens, temp)
+                        r.append(ms)
+                        f.append(resident_ms(prompt, floor_model, a.tokens, temp)[0])
+                        ms, stats, quiet = streamed(eng, prompt, a.tokens, temp=temp)
+                        equal = equal and stats["token_ids"] == want
+                        s.append(ms)
+                        if quiet is not None:
+                            q.append(quiet)
+                    rm, fm, sm = statistics.median(r), statistics.median(f), statistics.median(s)
+                    qm = f"{statistics.median(q):7.2f}" if q else "    n/a"
+                    label = decode + ("" if ahead == "none" else f"+{ahead}") + ("" if inline == "engine" else f" inline<{inline}")
+                    label += "" if pipe == "engine" else f" pipe-{pipe}"
+                    label += "" if hs == "engine" else f" hs-{hs}"
+                    if landing != "engine" and staging is not None and staging.device_copy:
+                        label += " kernel" if staging.kernel else " dma"
+                    print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {temp:4.1f} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
+                          f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
+                          f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  {stats['handshake_tokens']:5d}  "
+                          f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {stats['bytes_per_token'] / 1e6:6.2f}  "
+                          f"{fm + stats['bytes_per_token'] / gbps / 1e6:10.2f}  {'yes' if equal else 'NO':>5}  {spread(s, f)}", flush=True)
+                    if a.profile:
+                        host_profile(eng, prompt, a.tokens, a.profile)
+                    first = next(c for c in combos if c[0] == arena)
+                    if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs) == first:
+                        with tempfile.TemporaryDirectory() as d:
+                            plain, traced = [], []
+                            for i in range(a.reps):
+                                plain.append(streamed(eng, prompt, a.tokens, temp=temp)[0])
+                                traced.append(streamed(eng, prompt, a.tokens, TraceRecorder(f"{d}/t{i}.parquet", moe_input=True),
+                                                       temp=temp)[0])
+                            print(f"trace (temp {temp}): untraced {statistics.median(plain):.2f} ms/tok, full trace recorder "
+                                  f"{statistics.median(traced):.2f} ms/tok, ratio {statistics.median(traced) / statistics.median(plain):.3f}",
+                                  flush=True)
+                            if a.profile:
+                                print("  the traced run's host profile:")
+                                host_profile(eng, prompt, a.tokens, a.profile, TraceRecorder(f"{d}/p.parquet", moe_input=True))
 
 
 if __name__ == "__main__":

@@ -87,20 +87,69 @@ def _set(name, value):
     return tree_unflatten([(name, value)])
 
 
-def _keep_tokens_moving(model, config, rng):
-    """Scale embeddings, strengthen experts, and make the head a noisy successor map."""
+def _moving_embeddings(config, rng):
+    """Embeddings scaled so each token survives the residual, and an output head that is a noisy
+    successor map over a permutation of the vocabulary: (embeddings, head), float32."""
     vocab, hidden = config["vocab_size"], config["hidden_size"]
     emb = rng.normal(0, 1.0, (vocab, hidden)).astype(np.float32)
-    perm = rng.permutation(vocab)
-    head = emb[perm] + rng.normal(0, 0.5, (vocab, hidden)).astype(np.float32)
+    head = emb[rng.permutation(vocab)] + rng.normal(0, 0.5, (vocab, hidden)).astype(np.float32)
+    return emb, head / np.sqrt(hidden)
+
+
+def _keep_tokens_moving(model, config, rng):
+    """Scale embeddings, strengthen experts, and make the head a noisy successor map."""
+    emb, head = _moving_embeddings(config, rng)
     updates = []
     for name, a in tree_flatten(model.parameters()):
         if name.endswith("embed_tokens.weight"):
             updates.append((name, mx.array(emb)))
         elif name.endswith("lm_head.weight"):
-            updates.append((name, mx.array(head / np.sqrt(hidden))))
+            updates.append((name, mx.array(head)))
         elif ("switch_mlp" in name or "experts" in name) and a.ndim == 3:
             updates.append((name, a * 4))
     from mlx.utils import tree_unflatten
 
     model.update(tree_unflatten(updates))
+
+
+def make_wide_model(out_dir, layers=16, experts=128, top_k=8, hidden=2048, expert_width=768, vocab=4096,
+                    bits=4, group_size=64, hot=16, skew=0.15, seed=0):
+    """A random 4-bit qwen3_moe at a real model's expert shape (Qwen3-30B-A3B's by default: experts
+    of 2.6 MB), written in seconds: the experts as random quantized codes (never built in float), one
+    safetensors file per layer, the rest float16. Routers are skewed: the hidden states share one
+    direction, which the router rows of ``hot`` experts per layer follow (graded up to ``skew``), so
+    those experts take most lookups, as in trained models. Tokens keep moving (``_moving_embeddings``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = family_config("qwen3_moe", layers=layers, experts=experts, top_k=top_k, hidden=hidden,
+                           expert_width=expert_width, vocab=vocab)
+    config["quantization"] = {"group_size": group_size, "bits": bits}
+    rng = np.random.default_rng(seed)
+    u = rng.normal(size=hidden).astype(np.float32)
+    u /= np.linalg.norm(u)
+    emb, head = _moving_embeddings(config, rng)
+    emb += np.sqrt(hidden) * u  # the shared direction
+    dense = {"model.embed_tokens.weight": emb, "lm_head.weight": head, "model.norm.weight": np.ones(hidden)}
+    mx.random.seed(seed)
+    for name, a in tree_flatten(build_model(config).parameters()):  # lazy: the experts are never built
+        if ".layers." in name and "switch_mlp" not in name and name not in dense:
+            dense[name] = np.ones(a.shape) if a.ndim == 1 else np.array(mx.random.normal(a.shape) * 0.02)
+    for layer in range(layers):
+        pre = f"model.layers.{layer}.mlp"
+        gate = rng.normal(0, 0.02, (experts, hidden)).astype(np.float32)
+        favoured = rng.permutation(experts)[:hot]
+        gate[favoured] += np.linspace(skew, skew / 2, hot)[:, None] * u
+        dense[f"{pre}.gate.weight"] = gate
+        tensors = {k: mx.array(v.astype(np.float16)) for k, v in dense.items() if f".layers.{layer}." in k}
+        for proj, (rows, cols) in (("gate_proj", (expert_width, hidden)), ("up_proj", (expert_width, hidden)),
+                                   ("down_proj", (hidden, expert_width))):
+            scale = np.full((experts, rows, cols // group_size), 0.02 / 4.6, np.float16)  # codes 0..15: std 4.6
+            tensors[f"{pre}.switch_mlp.{proj}.weight"] = mx.array(
+                rng.integers(0, 2**32, (experts, rows, cols * bits // 32), dtype=np.uint32))
+            tensors[f"{pre}.switch_mlp.{proj}.scales"] = mx.array(scale)
+            tensors[f"{pre}.switch_mlp.{proj}.biases"] = mx.array(-7.5 * scale)
+        mx.save_safetensors(str(out / f"model-{layer:05d}.safetensors"), tensors)
+    rest = {k: mx.array(v.astype(np.float16)) for k, v in dense.items() if ".layers." not in k}
+    mx.save_safetensors(str(out / "model-extra.safetensors"), rest)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
