@@ -200,7 +200,8 @@ CLAIMS: list[Claim] = [
     Claim("lookahead.prev_token_shared", "first", "lookahead", "experts shared with the previous token, same layer",
           0.334, "share", "first seed's model (512 experts, top-10)", chance=_CHANCE_FIRST),
     Claim("unpert.sync_miss_paired", "first", "unpert", "UNPERT=0 lowers sync misses (UNPERT=0 - UNPERT=1 share of "
-          "lookups, moce router held fixed)", -1.0, "share", "first seed, paired prompts", "ordering"),
+          "lookups, moce router held fixed)", -1.0, "share", "first seed, paired prompts; direction only (seed -1: "
+          "lower)", "ordering"),
     Claim("readahead.l2_hit_rate", "first", "readahead", "L+2 read-ahead raises the hit rate (75.3% -> 76.7%)",
           0.767 - 0.753, "share", "first seed", "ordering"),
     Claim("readahead.l2_tokens_per_s", "first", "readahead", "L+2 read-ahead lowers tokens/s (2.34 -> 2.22)",
@@ -523,7 +524,7 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
                 add(cid, _m(c.loc[q], "weights, mean over layers, bootstrap over layers", "value", "n_layers"))
     sp = tables.get("strata_per_prompt")
     if sp is not None and len(sp):
-        from .live import UNPERT_CONTRAST, paired_difference
+        from .live import STRATA_CONFIG, UNPERT_CONTRAST, paired_difference
 
         def iv(vals, method, **kw):
             b = bootstrap_ci(list(vals))
@@ -537,7 +538,7 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
                        ("prefetch hits late", "strata.late_per_token"), ("wasted per lookup", "strata.wasted_per_lookup"),
                        ("MB per token", "strata.mb_per_token"), ("unnecessary share", "strata.unnecessary_share")):
             for conf, grp in sp.groupby("configuration", sort=False):
-                if conf.endswith("L+2"):
+                if q not in grp or conf != STRATA_CONFIG:
                     continue
                 add(cid, iv(grp[q], f"decode, {conf}, read-ahead d=1, 17.6% residency, bootstrap over prompts",
                             regime=float(grp["working set"].mean())))

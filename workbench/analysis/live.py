@@ -53,6 +53,8 @@ CONFIGS = {
 }
 # the ledger's runs: the 2x2 and the seed's L+2 read-ahead beside its default (raw, moce)
 LEDGER_CONFIGS = {**CONFIGS, "raw, moce, L+2": dict(mode="raw", router="cache_aware", lookahead=2)}
+# the configuration the seed's strata table ran (its default): the ledger's strata rows
+STRATA_CONFIG = "raw, moce"
 # the seed's contrast: UNPERT=0 - UNPERT=1 with the moce router held fixed
 UNPERT_CONTRAST = ("bonus, moce", "raw, moce")
 # where a prefetched expert can end without being used (counts per decode token)
