@@ -226,7 +226,8 @@ CLAIMS: list[Claim] = [
 CLAIM_IDS = [c.id for c in CLAIMS]
 _BY_ID = {c.id: c for c in CLAIMS}
 COLUMNS = ["id", "doc", "area", "claim", "quantity", "seed", "seed_low", "seed_high", "ours", "low", "high", "pi_low",
-           "pi_high", "n", "method", "rule", "verdict", "reason", "timing", "unit", "context", "measured_on", "note"]
+           "pi_high", "n", "method", "rule", "verdict", "reason", "timing", "unit", "context", "measured_on", "note",
+           "per_prompt"]
 
 
 def seed_of(claim_id: str) -> float:
@@ -393,7 +394,8 @@ def build_ledger(measured: Mapping[str, object] | None = None, model: str = "") 
                              seed=(lo_s + hi_s) / 2, seed_low=lo_s, seed_high=hi_s, ours=m.value, low=m.low,
                              high=m.high, pi_low=pi[0], pi_high=pi[1], n=m.n, method=m.method, rule=rule_text(c, m),
                              verdict=v, reason=why, timing=c.timing, unit=c.kind, context=c.context,
-                             measured_on="constructed / the seed's numbers" if c.id in computed else model, note=note))
+                             measured_on="constructed / the seed's numbers" if c.id in computed else model, note=note,
+                             per_prompt=[float(x) for x in m.per_unit]))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
