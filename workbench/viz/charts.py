@@ -271,7 +271,8 @@ def paired_difference_chart(row) -> alt.LayerChart:
     mean = alt.Chart(iv).mark_tick(thickness=3, size=24, color=color_of(row["verdict"])).encode(x="mean:Q")
     zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(x="x:Q")
     return alt.layer(zero, band, mean, dots).properties(width=320, height=max(60, 16 * len(pts)), title=_title(
-        row["claim"][:80], f"{row['method'][:90]}; {row['verdict']}" + (f" ({row['reason']})" if row["reason"] else "")))
+        f"{row['id']}: {row['method'][:80]}",
+        [row["claim"][:100], row["verdict"] + (f" ({row['reason']})" if row["reason"] else "")]))
 
 
 # --------------------------------------------------------------------------- intervals over a workload
