@@ -122,6 +122,13 @@ def test_cli_ledger_json(wl, capsys):
     bounds = next(r for (cid, _, _), r in rows.items() if cid == "bounds.static_below_lru")
     assert bounds["quantity"] == "paired difference" and "charged its cold misses" in bounds["method"]
     assert all(r["timing"] for (cid, _, _), r in rows.items() if cid.startswith("readpath."))
+    assert isinstance(d1["n"], int)
+    # a rerun gives the same verdicts, timing rows (marked) excepted
+    assert main(["ledger", "--small", "--no-live", "--json"]) == 0
+    again = {(r["id"], r["method"], r["quantity"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert again.keys() == rows.keys()
+    assert {k: r["verdict"] for k, r in again.items() if not r["timing"]} == \
+        {k: r["verdict"] for k, r in rows.items() if not r["timing"]}
 
 
 def test_policy_table_pairs_prompts():

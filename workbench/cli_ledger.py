@@ -3,8 +3,10 @@
     workbench ledger [--per-domain N] [--prompt-tokens N] [--max-tokens N] [--no-live] [--small] [--json]
 
 Runs the reference model (or --model DIR) over the workload (N prompts from each of in-domain,
-held-out and shifted-domain text; traces cached), measures every claim with a 95% bootstrap
-interval over prompts and prints, per row: claim, seed value, ours, interval, method, rule, verdict.
+held-out and shifted-domain text, up to --prompt-tokens each; traces cached), measures every claim
+of both seed documents and prints, per row: claim, seed value, ours, 95% interval (and prediction
+interval for one prompt), verdict (reproduced / differs / not comparable / not measurable here,
+with the reason), rule and method; then one verdict per claim id. Timing rows are marked.
 """
 
 from __future__ import annotations
@@ -29,9 +31,7 @@ def register(subparsers) -> None:
 
 
 def _num(x):
-    if isinstance(x, (bool, str)) or x is None:
-        return x
-    x = float(x) if hasattr(x, "__float__") else x
+    x = x.item() if hasattr(x, "item") and not isinstance(x, (list, str)) else x  # numpy scalars -> Python
     return None if isinstance(x, float) and math.isnan(x) else x
 
 

@@ -109,8 +109,8 @@ def _seed_strata(name):
     return SEED_STRATA[name]
 
 
-def _strata(cid, what, seed, kind="share"):
-    return Claim(cid, "first", "strata", what, seed, kind, _STRATA, regime=_WORKING_SET)
+def _strata(cid, what, seed, kind="share", timing=False):
+    return Claim(cid, "first", "strata", what, seed, kind, _STRATA, regime=_WORKING_SET, timing=timing)
 
 
 _ELSEWHERE = "a number of the document's own engine and machine"
@@ -190,13 +190,15 @@ CLAIMS: list[Claim] = [
     _strata("strata.sync_miss_share", "sync misses / lookups", _seed_strata("sync miss share")),
     _strata("strata.issued_per_lookup", "speculative reads issued / lookups", _seed_strata("issued per lookup")),
     _strata("strata.issue_usefulness", "prefetch hits / speculative issued", _seed_strata("issue usefulness")),
-    _strata("strata.timely_usefulness", "timely prefetch hits / speculative issued", _seed_strata("timely usefulness")),
+    # timely / late and bytes of partly read or cancelled reads depend on when a read completes: timing rows
+    _strata("strata.timely_usefulness", "timely prefetch hits / speculative issued", _seed_strata("timely usefulness"),
+            timing=True),
     _strata("strata.late_per_token", "late prefetch hits per decode token", _seed_strata("prefetch hits late"),
-            "per token"),
+            "per token", timing=True),
     _strata("strata.wasted_per_lookup", "speculative reads that end unused (cancelled, partly read, completed "
             "unused) / lookups", ((76.4 - 28) / 480, (82.6 - 25) / 480)),
-    _strata("strata.mb_per_token", "MB read per decode token", (131.8, 144.4), "MB"),
-    _strata("strata.unnecessary_share", "share of bytes read that no claim used", 0.675),
+    _strata("strata.mb_per_token", "MB read per decode token", (131.8, 144.4), "MB", timing=True),
+    _strata("strata.unnecessary_share", "share of bytes read that no claim used", 0.675, timing=True),
     Claim("lookahead.prev_token_shared", "first", "lookahead", "experts shared with the previous token, same layer",
           0.334, "share", "first seed's model (512 experts, top-10)", chance=_CHANCE_FIRST),
     Claim("unpert.sync_miss_paired", "first", "unpert", "UNPERT=0 lowers sync misses (UNPERT=0 - UNPERT=1 share of "
