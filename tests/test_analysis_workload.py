@@ -71,15 +71,18 @@ def test_lookahead_and_union_intervals_by_method(wl, routers):
 def test_strata_counts_follow_their_definitions(wl):
     from workbench.analysis.live import CONFIGS, strata_runs, strata_table
 
-    per = strata_runs(wl, configs={"UNPERT=1": CONFIGS["UNPERT=1"]}, max_tokens=4, prompt_tokens=16)
+    per = strata_runs(wl, configs={"raw, moce": CONFIGS["raw, moce"]}, max_tokens=4, prompt_tokens=16)
     for r in per.to_dict("records"):
         assert r["lookups"] == pytest.approx(r["arena hits"] + r["sync misses"] + r["prefetch hits"])
         assert r["lookups"] == pytest.approx(12 * 8)  # every MoE layer claims top-8 per decode token
         assert r["arena hit share"] + r["prefetch hit share"] + r["sync miss share"] == pytest.approx(1.0)
         assert 0 <= r["timely usefulness"] <= r["issue usefulness"] <= 1
         assert r["speculative issued"] > 0 and r["prefetch hits late"] <= r["prefetch hits"]
+        wasted = r["cancelled_before_read per token"] + r["partially_read per token"] + r["completed_unused per token"]
+        assert wasted == pytest.approx(r["speculative issued"] - r["prefetch hits"])  # every issued read ends once
+        assert r["MB per token"] > 0 and 0 <= r["unnecessary share"] <= 1 and r["slots"] > 0
     t = strata_table(per)
-    assert set(t["configuration"]) == {"UNPERT=1"} and (t["n_prompts"] == 3).all()
+    assert set(t["configuration"]) == {"raw, moce"} and (t["n_prompts"] == 3).all()
     assert t.set_index("quantity").loc["lookups", "seed_low"] == 480
 
 

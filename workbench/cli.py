@@ -82,7 +82,7 @@ def add_ahead_args(g, live: bool) -> None:
                    help="cost gate with the fitted q per rank and layer (claim_model.json of `workbench analyze --what "
                         "calibration --out DIR`) instead of q = 0.5; implies --gate cost")
     if live:
-        g.add_argument("--router", default=None, choices=("exact", "cache_aware"),
+        g.add_argument("--routing", dest="router", default=None, choices=("exact", "cache_aware"),
                        help="fix the router apart from --mode's ranking (the seed's UNPERT 2x2); default: as --mode says")
 
 

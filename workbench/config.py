@@ -111,8 +111,9 @@ class AheadConfig:
     simulate: from the predictor's name). ``width``: candidates ranked per target layer (default
     top-k). ``mode``: one of ``AHEAD_MODES``; ``moce_bonus`` / ``moce_protect`` / ``moce_r1``: the
     cache-aware ranking's b, p and r1. ``router``: exact | cache_aware (b, p, r1 above) to fix
-    the router apart from the ranking (None: as the mode says, ``AHEAD_MODES``). ``gate``: admission gate (none | confidence | cost) with
-    ``gate_options``. ``oracle_trace``: the recorded Trace of the same prompt for the engine's oracle
+    the router apart from the ranking (None: as the mode says, ``AHEAD_MODES``). ``gate``:
+    admission gate (none | confidence | cost) with ``gate_options``. ``oracle_trace``: the
+    recorded Trace of the same prompt for the engine's oracle
     (``trace.schema.read_trace(path)``; the command line reads ``--oracle-trace``)."""
 
     predictor: str | None = None
@@ -145,10 +146,10 @@ class AheadConfig:
             raise ValueError(f"--mode cache_aware with --moce-bonus {self.moce_bonus} <= 0 is the plain router; "
                              "give a bonus > 0 or use --mode raw")
         if self.router is not None:
-            _choice("router", "--router", self.router, ROUTERS)
+            _choice("router", "--routing", self.router, ROUTERS)
             if self.router == "cache_aware" and not self.moce_bonus > 0:
-                raise ValueError(f"--router cache_aware with --moce-bonus {self.moce_bonus} <= 0 is the plain router; "
-                                 "give a bonus > 0 or use --router exact")
+                raise ValueError(f"--routing cache_aware with --moce-bonus {self.moce_bonus} <= 0 is the plain router; "
+                                 "give a bonus > 0 or use --routing exact")
         if not isinstance(self.gate, str):
             raise ValueError(f"--gate must be a name (none, confidence, cost), got {self.gate!r}")
         if self.gate != "none" and not self.reads_ahead:

@@ -421,7 +421,8 @@ def ledger_text(ledger: pd.DataFrame) -> str:
 
     lines = []
     for r in ledger.itertuples():
-        seed = f"{num(r.seed_low)}..{num(r.seed_high)}" if r.seed_low != r.seed_high else num(r.seed)
+        ranged = r.seed_low != r.seed_high and not np.isnan(r.seed_low)
+        seed = f"{num(r.seed_low)}..{num(r.seed_high)}" if ranged else num(r.seed)
         iv = "" if np.isnan(r.low) else f"[{num(r.low)}, {num(r.high)}] n={r.n}"
         if not np.isnan(r.pi_low):
             iv += f" pi [{num(r.pi_low)}, {num(r.pi_high)}]"
@@ -528,13 +529,13 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
                 add(cid, _m(c.loc[q], "weights, mean over layers, bootstrap over layers", "value", "n_layers"))
     sp = tables.get("strata_per_prompt")
     if sp is not None and len(sp):
-        from .live import STRATA_CONFIG, UNPERT_CONTRAST, paired_difference
+        from .live import STRATA_CONFIG, UNPERT_CONTRAST, WASTE, paired_difference
 
         def iv(vals, method, **kw):
             b = bootstrap_ci(list(vals))
             return Measurement(b.estimate, b.low, b.high, b.n, method, tuple(float(v) for v in vals), **kw)
 
-        sp = sp.assign(**{"wasted per lookup": sum(sp[f"{w} per token"] for w in _waste()) / sp["lookups"],
+        sp = sp.assign(**{"wasted per lookup": sum(sp[f"{w} per token"] for w in WASTE) / sp["lookups"],
                           "working set": sp["slots"] / sp["lookups"]})
         for q, cid in (("arena hit share", "strata.arena_hit_share"), ("prefetch hit share", "strata.prefetch_hit_share"),
                        ("sync miss share", "strata.sync_miss_share"), ("issued per lookup", "strata.issued_per_lookup"),
@@ -565,12 +566,6 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
         for m in (v if isinstance(v, (list, tuple)) else [v]):
             add(cid, Measurement.of(m))
     return out
-
-
-def _waste():
-    from .live import WASTE
-
-    return WASTE
 
 
 def _mtp_per_prompt(union) -> dict[str, tuple]:
@@ -671,8 +666,6 @@ def ledger_extras(workload, budget_share: float = BOUNDS_SHARE, self_draft: bool
 def _calibration(workload) -> Measurement:
     """Held-out expected calibration error of q: fit on the first half of the prompts, scored on
     each of the rest, candidates predicted offline (before mapped experts would be removed)."""
-    import pandas as pd
-
     from ._common import load_mlx_model
     from .calibration import calibration_scores, candidate_table, fit_claim_model, with_predictions
     from .lookahead import routers_from_model

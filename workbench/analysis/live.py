@@ -122,7 +122,6 @@ def strata_runs(workload, configs=CONFIGS, residency: float = SEED_RESIDENCY, ma
         res = _run(workload.store, ids, max_tokens or workload.max_tokens, residency, ahead=configs[name],
                    lookahead=lookahead)
         rows.append(dict(configuration=name, prompt=run.prompt.id, slots=res.stats["arena_slots"],
-                         routed_experts=res.stats["routed_experts"],
                          **strata_counts(res.counters)))
     return pd.DataFrame(rows)
 
