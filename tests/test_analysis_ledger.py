@@ -211,3 +211,17 @@ def test_workload_measurements_name_the_method():
     assert _row(led, "union.g2")["verdict"] == "differs" and _row(led, "lookahead.d2")["verdict"] == "reproduced"
     assert _row(led, "selfdraft.acceptance")["method"] == "single value (no interval)"
     assert "lookahead.d1" in ledger_text(led) and len(ledger_text(led).splitlines()) == len(led)
+
+
+def test_constructed_model_rows_in_the_documents_regime_get_a_verdict():
+    def per(slots, lookups, share):
+        return pd.DataFrame([dict(configuration="raw, moce", prompt=f"p{i}", slots=slots, lookups=lookups,
+                                  **{"sync miss share": share, "cancelled_before_read per token": 0.0,
+                                     "partially_read per token": 0.0, "completed_unused per token": 1.0})
+                             for i in range(4)])
+    m = workload_measurements({"strata_per_prompt": per(135, 96.0, 0.12), "strata_constructed": per(180, 20.0, 0.032)})
+    led = build_ledger(m)
+    rows = led[led["id"] == "strata.sync_miss_share"]
+    assert list(rows["verdict"]) == ["not comparable", "reproduced"]  # ours first (the claim's verdict), then constructed
+    assert "CONSTRUCTED random model" in rows["method"].iloc[1] and "ours 1.41" in rows["reason"].iloc[0]
+    assert claim_verdicts(led)["strata.sync_miss_share"] == "not comparable"

@@ -464,9 +464,8 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
     """{claim id: [Measurement per method]} from ``analyze_workload``'s tables:
     ``tables["methods"][method]`` holds lookahead, gates, drop_weakest, union, mtp tables;
     ``tables["cosine"]`` the cosine interval table; ``tables["strata_per_prompt"]`` the strata runs;
-    ``tables["chance"]`` our top-k / experts (lift rows)."""
-    from .uncertainty import bootstrap_ci
-
+    ``tables["chance"]`` our top-k / experts (lift rows); ``tables["strata_constructed"]`` the
+    constructed model's strata runs (``live.constructed_workload``)."""
     out: dict[str, list] = {}
 
     def add(cid, m):
@@ -529,43 +528,60 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
                 add(cid, _m(c.loc[q], "weights, mean over layers, bootstrap over layers", "value", "n_layers"))
     sp = tables.get("strata_per_prompt")
     if sp is not None and len(sp):
-        from .live import STRATA_CONFIG, UNPERT_CONTRAST, WASTE, paired_difference
+        from .live import STRATA_CONFIG, UNPERT_CONTRAST, paired_difference
 
-        def iv(vals, method, **kw):
-            b = bootstrap_ci(list(vals))
-            return Measurement(b.estimate, b.low, b.high, b.n, method, tuple(float(v) for v in vals), **kw)
-
-        sp = sp.assign(**{"wasted per lookup": sum(sp[f"{w} per token"] for w in WASTE) / sp["lookups"],
-                          "working set": sp["slots"] / sp["lookups"]})
-        for q, cid in (("arena hit share", "strata.arena_hit_share"), ("prefetch hit share", "strata.prefetch_hit_share"),
-                       ("sync miss share", "strata.sync_miss_share"), ("issued per lookup", "strata.issued_per_lookup"),
-                       ("issue usefulness", "strata.issue_usefulness"), ("timely usefulness", "strata.timely_usefulness"),
-                       ("prefetch hits late", "strata.late_per_token"), ("wasted per lookup", "strata.wasted_per_lookup"),
-                       ("MB per token", "strata.mb_per_token"), ("unnecessary share", "strata.unnecessary_share")):
-            for conf, grp in sp.groupby("configuration", sort=False):
-                if q not in grp or conf != STRATA_CONFIG:
-                    continue
-                add(cid, iv(grp[q], f"decode, {conf}, read-ahead d=1, 17.6% residency, bootstrap over prompts",
-                            regime=float(grp["working set"].mean())))
-        a, b = UNPERT_CONTRAST
-        d = paired_difference(sp, "sync miss share", a, b)
-        add("unpert.sync_miss_paired", iv(d, f"decode, 17.6% residency, ({a}) - ({b}) per prompt, moce router fixed",
-                                          quantity="paired difference"))
-        for x, y, why in (("bonus, exact", "raw, exact", "exact router fixed"),
+        _strata_measurements(sp[sp["configuration"] == STRATA_CONFIG], add,
+                             f"decode, {STRATA_CONFIG}, read-ahead d=1, 17.6% residency")
+        for x, y, why in ((*UNPERT_CONTRAST, "17.6% residency, moce router fixed"),
+                          ("bonus, exact", "raw, exact", "exact router fixed"),
                           ("bonus, moce", "raw, exact", "the old confounded contrast: ranking and router both change")):
             if {x, y} <= set(sp["configuration"]):
-                add("unpert.sync_miss_paired", iv(paired_difference(sp, "sync miss share", x, y),
-                                                  f"decode, ({x}) - ({y}) per prompt, {why}",
-                                                  quantity="paired difference"))
+                add("unpert.sync_miss_paired", _iv(paired_difference(sp, "sync miss share", x, y),
+                                                   f"decode, ({x}) - ({y}) per prompt, {why}",
+                                                   quantity="paired difference"))
         if {"raw, moce, L+2", "raw, moce"} <= set(sp["configuration"]):
             hit = sp.assign(hit=1 - sp["sync miss share"])
-            add("readahead.l2_hit_rate", iv(paired_difference(hit, "hit", "raw, moce, L+2", "raw, moce"),
-                                            "decode, raw ranking, moce router, hit rate L+2 - L+1 per prompt",
-                                            quantity="paired difference"))
+            add("readahead.l2_hit_rate", _iv(paired_difference(hit, "hit", "raw, moce, L+2", "raw, moce"),
+                                             "decode, raw ranking, moce router, hit rate L+2 - L+1 per prompt",
+                                             quantity="paired difference"))
+    cp = tables.get("strata_constructed")
+    if cp is not None and len(cp):
+        from .live import CONSTRUCTED
+
+        c = CONSTRUCTED
+        _strata_measurements(cp, add, f"CONSTRUCTED random model ({c['layers']} layers x {c['experts']} experts, "
+                                      f"top-{c['top_k']}, tokens kept moving), decode, raw, moce, 17.6% residency")
     for cid, v in (extra or {}).items():
         for m in (v if isinstance(v, (list, tuple)) else [v]):
             add(cid, Measurement.of(m))
     return out
+
+
+def _iv(vals, method, **kw) -> Measurement:
+    """A measurement from per-prompt values: their mean with the bootstrap interval over prompts."""
+    from .uncertainty import bootstrap_ci
+
+    b = bootstrap_ci(list(vals))
+    return Measurement(b.estimate, b.low, b.high, b.n, method, tuple(float(v) for v in vals), **kw)
+
+
+STRATA_IDS = {"arena hit share": "strata.arena_hit_share", "prefetch hit share": "strata.prefetch_hit_share",
+              "sync miss share": "strata.sync_miss_share", "issued per lookup": "strata.issued_per_lookup",
+              "issue usefulness": "strata.issue_usefulness", "timely usefulness": "strata.timely_usefulness",
+              "prefetch hits late": "strata.late_per_token", "wasted per lookup": "strata.wasted_per_lookup",
+              "MB per token": "strata.mb_per_token", "unnecessary share": "strata.unnecessary_share"}
+
+
+def _strata_measurements(per_prompt, add, method: str) -> None:
+    """The strata rows of one configuration's per-prompt table, each with our working set in tokens."""
+    from .live import WASTE
+
+    sp = per_prompt.assign(**{"wasted per lookup": sum(per_prompt[f"{w} per token"] for w in WASTE)
+                              / per_prompt["lookups"]})
+    ws = float((sp["slots"] / sp["lookups"]).mean())
+    for q, cid in STRATA_IDS.items():
+        if q in sp:
+            add(cid, _iv(sp[q], method + ", bootstrap over prompts", regime=ws))
 
 
 def _mtp_per_prompt(union) -> dict[str, tuple]:
@@ -623,12 +639,9 @@ def ledger_extras(workload, budget_share: float = BOUNDS_SHARE, self_draft: bool
     calibration of q, the read path, self-draft acceptance and speed."""
     from ..sim import replay
     from .bounds import knapsack_bound
-    from .uncertainty import bootstrap_ci
 
-    def iv(vals, method, unit="prompts", **kw):
-        b = bootstrap_ci(vals)
-        return Measurement(b.estimate, b.low, b.high, b.n, f"{method}, bootstrap over {unit}",
-                           tuple(float(v) for v in vals), **kw)
+    def iv(vals, method, **kw):
+        return _iv(vals, f"{method}, bootstrap over prompts", **kw)
 
     diff, slru = [], {0.176: [], 0.5: []}
     for tr in workload.traces().values():
@@ -689,15 +702,19 @@ def _calibration(workload) -> Measurement:
 def workload_ledger(workload, live: bool = True, cosine_layers: int = 0, strata_tokens: int | None = None,
                     readpath_repeats: int = 5, self_draft: bool = True, progress: bool = False, **ci):
     """(ledger, tables): every analysis over ``workload`` (``analyze_workload``), the extras
-    (bounds, policies, calibration, read path, and with ``live`` the engine's factorial runs and
-    self-draft), then the ledger by rule."""
+    (bounds, policies, calibration, read path, and with ``live`` the engine's factorial runs, the
+    constructed model's strata runs in the seed's regime and self-draft), then the ledger by rule."""
     from .workload import analyze_workload
 
     from .live import LEDGER_CONFIGS, strata_runs
 
     tables = analyze_workload(workload, cosine_layers=cosine_layers, strata=False, progress=progress, **ci)
     if live:
+        from .live import CONFIGS, STRATA_CONFIG, constructed_workload
+
         tables["strata_per_prompt"] = strata_runs(workload, LEDGER_CONFIGS, max_tokens=strata_tokens, progress=progress)
+        tables["strata_constructed"] = strata_runs(constructed_workload(max_tokens=strata_tokens or 16),
+                                                   {STRATA_CONFIG: CONFIGS[STRATA_CONFIG]}, progress=progress)
     tr = next(iter(workload.traces().values()))
     tables["chance"] = int(tr.meta["top_k"]) / int(tr.n_experts)
     extra = ledger_extras(workload, self_draft=live and self_draft, readpath_repeats=readpath_repeats)
