@@ -546,7 +546,7 @@ def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, obje
                                              quantity="paired difference"))
     cp = tables.get("strata_constructed")
     if cp is not None and len(cp):
-        from .live import CONSTRUCTED
+        from .workload import CONSTRUCTED
 
         c = CONSTRUCTED
         _strata_measurements(cp, add, f"CONSTRUCTED random model ({c['layers']} layers x {c['experts']} experts, "
@@ -710,7 +710,8 @@ def workload_ledger(workload, live: bool = True, cosine_layers: int = 0, strata_
 
     tables = analyze_workload(workload, cosine_layers=cosine_layers, strata=False, progress=progress, **ci)
     if live:
-        from .live import CONFIGS, STRATA_CONFIG, constructed_workload
+        from .live import CONFIGS, STRATA_CONFIG
+        from .workload import constructed_workload
 
         tables["strata_per_prompt"] = strata_runs(workload, LEDGER_CONFIGS, max_tokens=strata_tokens, progress=progress)
         tables["strata_constructed"] = strata_runs(constructed_workload(max_tokens=strata_tokens or 16),
