@@ -35,7 +35,9 @@
 #   document's side of 0;
 # * **arithmetic** on the document's own numbers (rows `@seed`) and **exact** constructed cases;
 # * **regime**: a claim that depends on the working set in tokens (slots / lookups per token) is
-#   not comparable when ours is far from the document's (here 1.4 tokens against 9).
+#   not comparable when ours is far from the document's (here 1.4 tokens against 9); a
+#   constructed random model in the document's regime (256 experts, top-5: 9 tokens at 17.6%)
+#   answers those rows too, in rows labelled CONSTRUCTED (its routing is random, not trained).
 #
 # Timing rows (read path, self-draft speed) are marked: their verdicts may change from run to
 # run, and a machine busy with other work gives none.

@@ -452,12 +452,9 @@ def _m(row, method: str, value: str, n_col: str = "n_prompts", per_unit: tuple =
 
 
 def _lift_row(m: Measurement, chance: float, claim: Claim, method: str) -> Measurement:
-    from .uncertainty import bootstrap_ci
-
     vals = lift(m.per_unit, chance) if m.per_unit else lift([m.value], chance)
-    b = bootstrap_ci(vals)
-    return Measurement(b.estimate, b.low, b.high, b.n, f"{method}, chance k/E = {chance:.3f}", tuple(vals),
-                       seed=float(lift(claim.seed, claim.chance)), quantity="lift over chance")
+    return _iv(vals, f"{method}, chance k/E = {chance:.3f}", seed=float(lift(claim.seed, claim.chance)),
+               quantity="lift over chance")
 
 
 def workload_measurements(tables: Mapping[str, object], extra: Mapping[str, object] | None = None) -> dict[str, list]:
@@ -612,7 +609,6 @@ def readpath_measurements(block_bytes: int = 1_180_000, n_blocks: int = 64, repe
     import os
 
     from ..io.readpath import copy_variants_file_gbps
-    from .uncertainty import bootstrap_ci
 
     before = os.getloadavg()[0]
     reps = copy_variants_file_gbps(block_bytes, n_blocks, repeats, seed=seed, directory=directory)
@@ -621,13 +617,10 @@ def readpath_measurements(block_bytes: int = 1_180_000, n_blocks: int = 64, repe
     out = {}
     for cid, key in (("readpath.pread_heap", "pread_heap"), ("readpath.pread_fresh", "pread_fresh_array"),
                      ("readpath.preadv_slot", "preadv_slot")):
-        b = bootstrap_ci([r[key] for r in reps])
-        out[cid] = Measurement(b.estimate, b.low, b.high, b.n, how, reason=busy)
+        out[cid] = _iv([r[key] for r in reps], how, reason=busy)
     for cid, a in (("readpath.slot_above_heap", "preadv_slot"), ("readpath.fresh_below_heap", "pread_fresh_array")):
-        d = [r[a] - r["pread_heap"] for r in reps]
-        b = bootstrap_ci(d)
-        out[cid] = Measurement(b.estimate, b.low, b.high, b.n, how + ", paired per repeat", tuple(d),
-                               quantity="paired difference", reason=busy)
+        out[cid] = _iv([r[a] - r["pread_heap"] for r in reps], how + ", paired per repeat",
+                       quantity="paired difference", reason=busy)
     return out
 
 
