@@ -345,7 +345,7 @@ def held_out_calibration(fit_traces, eval_traces, routers, phase: str | None = "
     overlap = set(fit_traces) & set(eval_traces)
     if overlap:
         raise ValueError(f"prompts {sorted(overlap)[:3]} are in both the fit and the held-out set")
-    cands = lambda trs: {p: candidate_table(with_predictions(t, routers), phase=phase) for p, t in trs.items()}
+    cands = lambda trs: {p: claim_candidates(t, routers, phase) for p, t in trs.items()}
     fit = cands(fit_traces)
     model = fit_claim_model(pd.concat(list(fit.values()), ignore_index=True), method=method)
     held = cands(eval_traces)

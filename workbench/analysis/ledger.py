@@ -673,7 +673,7 @@ def _calibration(workload) -> Measurement:
     """Held-out expected calibration error of q: fit on the first half of the prompts, scored on
     each of the rest, candidates predicted offline (before mapped experts would be removed)."""
     from ._common import load_mlx_model
-    from .calibration import calibration_scores, candidate_table, fit_claim_model, with_predictions
+    from .calibration import calibration_scores, claim_candidates, fit_claim_model
     from .lookahead import routers_from_model
     from .uncertainty import bootstrap_ci
 
@@ -683,7 +683,7 @@ def _calibration(workload) -> Measurement:
         return Measurement(np.nan, np.nan, np.nan, 0, "needs 2 prompts or more (fit and held-out)")
     half = max(1, len(names) // 2)
     routers = routers_from_model(load_mlx_model(workload.model))
-    cands = {p: candidate_table(with_predictions(traces[p], routers), phase="decode") for p in names}
+    cands = {p: claim_candidates(traces[p], routers, "decode") for p in names}
     model = fit_claim_model(pd.concat([cands[p] for p in names[:half]], ignore_index=True))
     ece = [float(calibration_scores(model, cands[p]).set_index("source").loc["all", "ece"]) for p in names[half:]]
     b = bootstrap_ci(ece)
