@@ -1,6 +1,7 @@
 """Predictor precision and the claim probability q on constructed predictors."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from workbench.analysis.calibration import (ClaimModel, calibration_scores, candidate_table, fit_claim_model,
@@ -70,3 +71,40 @@ def test_no_predictor_columns_is_a_clear_error(tmp_path):
     tr = routes_trace(tmp_path / "n.parquet", [[[0, 1]]], 4)
     with pytest.raises(ValueError, match="pred_"):
         candidate_table(tr)
+
+
+def test_held_out_overlap_and_the_cli_refuses_the_fit_trace_as_eval(tmp_path, capsys):
+    from workbench.analysis.calibration import held_out_overlap
+    from workbench.cli import main
+
+    a, b = _trace(tmp_path / "a.parquet", 0), _trace(tmp_path / "b.parquet", 1)
+    assert held_out_overlap(a, a) == 1.0 and held_out_overlap(a, b) == 0.0
+    out = tmp_path / "out"
+    rc = main(["analyze", str(tmp_path / "a.parquet"), "--what", "calibration", "--eval-trace",
+               str(tmp_path / "a.parquet"), "--out", str(out), "--no-chart"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "100% of its routing rows are in the fit trace" in err and "Traceback" not in err
+    assert "selection bias" in err  # no --model: the live pred_ columns, said so
+    assert main(["analyze", str(tmp_path / "a.parquet"), "--what", "calibration", "--eval-trace",
+                 str(tmp_path / "b.parquet"), "--out", str(out), "--no-chart"]) == 0
+    m = ClaimModel.from_json((out / "claim_model.json").read_text())
+    assert m.q("noisy", 1, 0) > m.q("noisy", 6, 0)
+
+
+def test_calibrated_cost_gate_uses_the_fitted_q_per_rank():
+    from workbench.routing.gates import make_gate
+
+    model = fit_claim_model(pd.DataFrame(
+        {"source": ["d1"] * 200, "rank": [1] * 100 + [2] * 100, "layer": [0] * 200,
+         "claimed": [True] * 90 + [False] * 10 + [True] * 10 + [False] * 90}))
+    table = model.gate_table("d1")
+    assert list(table) == [0] and table[0][0] > 0.8 and table[0][1] < 0.2
+    # admit when q * stall_saved > price * bytes: with q 0.5 both pass, with the fitted q only rank 1
+    kw = dict(stall_saved=1.0, price=1.0, bytes=0.4)
+    assert make_gate("cost", **kw).filter(0, [7, 9]) == [7, 9]
+    gate = make_gate("cost", q_table=table, **kw)
+    assert gate.filter(0, [7, 9]) == [7] and gate.filter(0, [7, 9], ranks=[2, 1]) == [9]
+    with pytest.raises(ValueError, match="probabilities in"):
+        make_gate("cost", q_table={0: [1.5]})
+    with pytest.raises(ValueError, match="no source 'prev'"):
+        model.gate_table("prev")

@@ -71,15 +71,18 @@ def test_lookahead_and_union_intervals_by_method(wl, routers):
 def test_strata_counts_follow_their_definitions(wl):
     from workbench.analysis.live import CONFIGS, strata_runs, strata_table
 
-    per = strata_runs(wl, configs={"UNPERT=1": CONFIGS["UNPERT=1"]}, max_tokens=4, prompt_tokens=16)
+    per = strata_runs(wl, configs={"raw, moce": CONFIGS["raw, moce"]}, max_tokens=4, prompt_tokens=16)
     for r in per.to_dict("records"):
         assert r["lookups"] == pytest.approx(r["arena hits"] + r["sync misses"] + r["prefetch hits"])
         assert r["lookups"] == pytest.approx(12 * 8)  # every MoE layer claims top-8 per decode token
         assert r["arena hit share"] + r["prefetch hit share"] + r["sync miss share"] == pytest.approx(1.0)
         assert 0 <= r["timely usefulness"] <= r["issue usefulness"] <= 1
         assert r["speculative issued"] > 0 and r["prefetch hits late"] <= r["prefetch hits"]
+        wasted = r["cancelled_before_read per token"] + r["partially_read per token"] + r["completed_unused per token"]
+        assert wasted == pytest.approx(r["speculative issued"] - r["prefetch hits"])  # every issued read ends once
+        assert r["MB per token"] > 0 and 0 <= r["unnecessary share"] <= 1 and r["slots"] > 0
     t = strata_table(per)
-    assert set(t["configuration"]) == {"UNPERT=1"} and (t["n_prompts"] == 3).all()
+    assert set(t["configuration"]) == {"raw, moce"} and (t["n_prompts"] == 3).all()
     assert t.set_index("quantity").loc["lookups", "seed_low"] == 480
 
 
@@ -101,20 +104,34 @@ def test_held_out_calibration_scores_unseen_prompts(wl, routers):
 
 
 def test_cli_ledger_json(wl, capsys):
+    from workbench.analysis.ledger import CLAIM_IDS, VERDICTS
     from workbench.cli import main
 
     assert main(["ledger", "--small", "--no-live", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    rows = {(r["id"], r["method"]): r for r in out["rows"]}
-    assert len(out["prompts"]) == 3
-    for (cid, method), r in rows.items():
-        assert {"claim", "seed", "ours", "low", "high", "method", "rule", "verdict"} <= set(r)
-        assert r["verdict"] in ("reproduced", "differs", "not measured")
-    d1 = rows[("lookahead.d1", "decode, mean over layers, k'=k")]
-    assert d1["low"] <= d1["ours"] <= d1["high"]
-    assert d1["verdict"] == ("reproduced" if d1["low"] <= 0.785 <= d1["high"] else "differs")
-    assert rows[("mtp.ceiling@seed", "best g in {1,2,3,8}, table only")]["verdict"] == "reproduced"
-    assert any(cid == "gates.drop_weakest" and "not renormalised" in m for cid, m in rows)
+    rows = {(r["id"], r["method"], r["quantity"]): r for r in out["rows"]}
+    assert len(out["prompts"]) == 3 and len(out["teacher_forced_tokens"]) == 3
+    assert list(out["claims"]) == CLAIM_IDS  # a row for every claim id of both documents
+    assert out["headline"].startswith(f"{list(out['claims'].values()).count('reproduced')} of {len(CLAIM_IDS)} claims")
+    for r in rows.values():
+        assert {"doc", "claim", "seed", "ours", "low", "high", "method", "rule", "verdict", "reason", "timing"} <= set(r)
+        assert r["verdict"] in VERDICTS and r["rule"]
+    d1 = rows[("lookahead.d1", "decode, mean over layers, k'=k", "as claimed")]
+    assert d1["low"] <= d1["ours"] <= d1["high"] and d1["pi_low"] <= d1["ours"] <= d1["pi_high"]
+    assert d1["verdict"] == ("reproduced" if d1["pi_low"] - 0.02 <= 0.785 <= d1["pi_high"] + 0.02 else "differs")
+    assert ("lookahead.d1", "decode, lift over chance, chance k/E = 0.125", "lift over chance") in rows
+    assert rows[("mtp.ceiling@seed", "best g in {1,2,3,8}, table only", "as claimed")]["verdict"] == "reproduced"
+    assert any(cid == "gates.drop_weakest" and "not renormalised" in m for cid, m, _ in rows)
+    bounds = next(r for (cid, _, _), r in rows.items() if cid == "bounds.static_below_lru")
+    assert bounds["quantity"] == "paired difference" and "charged its cold misses" in bounds["method"]
+    assert all(r["timing"] for (cid, _, _), r in rows.items() if cid.startswith("readpath."))
+    assert isinstance(d1["n"], int)
+    # a rerun gives the same verdicts, timing rows (marked) excepted
+    assert main(["ledger", "--small", "--no-live", "--json"]) == 0
+    again = {(r["id"], r["method"], r["quantity"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert again.keys() == rows.keys()
+    assert {k: r["verdict"] for k, r in again.items() if not r["timing"]} == \
+        {k: r["verdict"] for k, r in rows.items() if not r["timing"]}
 
 
 def test_policy_table_pairs_prompts():

@@ -36,6 +36,8 @@ BAD = [
     (lambda: AheadConfig(mode="unpert2"), "unknown ahead mode 'unpert2' (--mode)"),
     (lambda: AheadConfig(mode="route", moce_bonus=0.0), "is the plain router"),
     (lambda: AheadConfig(moce_bonus=float("nan")), "--moce-bonus must be a finite number"),
+    (lambda: AheadConfig(router="moce"), "unknown router 'moce' (--routing); valid: exact, cache_aware"),
+    (lambda: AheadConfig(router="cache_aware", moce_bonus=0.0), "--routing cache_aware with --moce-bonus 0.0"),
     (lambda: AheadConfig(moce_protect=-1), "--moce-protect -1 is out of range"),
     (lambda: AheadConfig(moce_r1=-0.5), "--moce-r1 -0.5 is out of range"),
     (lambda: AheadConfig(gate="confidence"), "filters read-ahead candidates: also give --predictor"),
@@ -161,6 +163,15 @@ def test_engine_takes_the_configs_and_refuses_other_types(tiny):
                 ahead=AheadConfig(lookahead=1), progress=False) as eng:
         assert eng.arena.policy.name == "fifo" and eng.n_slots == 32
         assert eng.planner is not None and eng.router is None and eng.ahead_config == AheadConfig("layer", 1)
+    # the router apart from the ranking (the seed's UNPERT 2x2): raw ranking with the moce router, and
+    # the bonus ranking with the exact router
+    with Engine(store, arena="0.5", ahead=AheadConfig(lookahead=1, router="cache_aware"), progress=False) as eng:
+        assert eng.router is not None and eng.planner.mode == "raw"
+    with Engine(store, arena="0.5", ahead=AheadConfig(lookahead=1, mode="unpert0", router="exact"),
+                progress=False) as eng:
+        assert eng.router is None and eng.planner.mode == "resident_bonus"
+    with Engine(store, arena="0.5", ahead=AheadConfig(lookahead=1, mode="unpert0"), progress=False) as eng:
+        assert eng.router is not None  # unset: the mode decides, as before
     with pytest.raises(TypeError, match="IOConfig"):
         Engine(store, io={"workers": 3}, progress=False)
     with pytest.raises(TypeError, match="AheadConfig"):

@@ -49,11 +49,15 @@ def test_ledger_extras_measure_bounds_readpath_and_self_draft():
     from workbench.analysis.workload import record_workload, workload_set
 
     w = record_workload(workload_set(1), prompt_tokens=32, max_tokens=8)
-    extra = ledger_extras(w, self_draft=True, readpath_repeats=2, draft_tokens=8)
-    assert set(extra) == {"bounds.static_knapsack", "bounds.lru", "readpath.pread_heap", "readpath.pread_fresh",
-                          "readpath.preadv_slot", "selfdraft.acceptance", "selfdraft.speed"}
-    assert all(np.isfinite(m.value) and m.low <= m.value <= m.high for m in extra.values())
-    assert extra["bounds.lru"].n == 3 and extra["readpath.preadv_slot"].n == 2
-    assert 0 <= extra["bounds.lru"].value <= 1 and 0 <= extra["selfdraft.acceptance"].value <= 1
+    extra = ledger_extras(w, self_draft=True, readpath_repeats=2, draft_tokens=8, readpath_blocks=4)
+    assert set(extra) == {"bounds.static_below_lru", "policies.slru_cold", "calibration.q_e", "readpath.pread_heap",
+                          "readpath.pread_fresh", "readpath.preadv_slot", "readpath.slot_above_heap",
+                          "readpath.fresh_below_heap", "selfdraft.acceptance", "selfdraft.speed"}
+    flat = [m for v in extra.values() for m in (v if isinstance(v, list) else [v])]
+    assert all(np.isfinite(m.value) and m.low <= m.value <= m.high for m in flat)
+    assert extra["bounds.static_below_lru"].n == 3 and extra["readpath.preadv_slot"].n == 2
+    assert -1 <= extra["bounds.static_below_lru"].value <= 1 and 0 <= extra["selfdraft.acceptance"].value <= 1
+    assert 0 <= extra["calibration.q_e"].value <= 1 and extra["calibration.q_e"].n == 2  # 1 fit, 2 held out
     ledger = build_ledger(extra)
-    assert ledger.set_index("id").loc["bounds.lru", "ours"] == pytest.approx(extra["bounds.lru"].value)
+    row = ledger.set_index("id").loc["bounds.static_below_lru"]
+    assert row["ours"] == pytest.approx(extra["bounds.static_below_lru"].value) and row["verdict"] != "not measured"

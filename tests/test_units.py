@@ -53,6 +53,8 @@ def built(tiny):
     pol = pd.concat([_iv("value", [10, 5], metric="mb_read", policy=p, arena=[0.1, 0.5]) for p in ("lru", "slru")])
     made["policy_ci"] = charts.policy_ci_chart(pol, "mb_read", "Bytes read", "decode bytes read (MB)")
     made["ledger_ci"] = charts.ledger_chart(build_ledger({"lookahead.d1": Measurement(0.77, 0.76, 0.79, 8, "decode")}))
+    made["paired"] = charts.paired_difference_chart(build_ledger({"unpert.sync_miss_paired": Measurement(
+        0.04, 0.03, 0.05, 3, "decode", (0.03, 0.04, 0.05), quantity="paired difference")}).iloc[0])
     made["hit_curve_gb"] = charts.hit_curve_chart(pd.DataFrame({"arena_GB": [0.1, 0.2], "hit_rate": [0.5, 0.7],
                                                                 "policy": ["lru", "lru"]}), x="arena_GB")
     cells = pd.DataFrame([dict(policy=p, arena=a, slots=s, value=v, cells=1)
@@ -69,7 +71,7 @@ BUILT_BY = {"lookahead": "lookahead_chart", "cosine": "cosine_chart", "energy": 
             "hit_curves": "hit_curve_chart", "ledger": "ledger_chart", "interval": "interval_chart",
             "union_ci": "union_ci_chart", "policy_ci": "policy_ci_chart", "fit": "fit_chart", "readpath": "readpath_chart",
             "token_counters": "token_counters_chart", "compare": "compare_chart", "outcome": "outcome_chart",
-            "heatmap": "heatmap", "slice_heatmap": "slice_heatmap"}
+            "heatmap": "heatmap", "slice_heatmap": "slice_heatmap", "paired": "paired_difference_chart"}
 
 
 def test_every_chart_builder_is_checked(built):

@@ -78,6 +78,12 @@ def add_ahead_args(g, live: bool) -> None:
     g.add_argument("--moce-protect", type=int, default=3, help="protected width p")
     g.add_argument("--moce-r1", type=float, default=0.0, help="rank-1 resident bonus r1")
     g.add_argument("--gate", default="none", help="admission gate: none | confidence | cost")
+    g.add_argument("--calibrated", metavar="CLAIM_MODEL_JSON", default=None,
+                   help="cost gate with the fitted q per rank and layer (claim_model.json of `workbench analyze --what "
+                        "calibration --out DIR`) instead of q = 0.5; implies --gate cost")
+    if live:
+        g.add_argument("--routing", dest="router", default=None, choices=("exact", "cache_aware"),
+                       help="fix the router apart from --mode's ranking (the seed's UNPERT 2x2); default: as --mode says")
 
 
 def _unpert_mode(text: str) -> str:
@@ -93,9 +99,33 @@ def ahead_config(args):
     from .config import AheadConfig
 
     oracle = getattr(args, "oracle_trace", None)
+    gate, options = args.gate, None
+    if args.calibrated:
+        if gate not in ("none", "cost"):
+            raise ValueError(f"--calibrated sets the cost gate's q; it does not apply to --gate {gate}")
+        gate, options = "cost", {"q_table": calibrated_q(args.calibrated, args.predictor, args.lookahead)}
     return AheadConfig(predictor=args.predictor, lookahead=args.lookahead, width=args.ahead_width, mode=args.mode,
-                       moce_bonus=args.moce_bonus, moce_protect=args.moce_protect, moce_r1=args.moce_r1, gate=args.gate,
-                       oracle_trace=_oracle_trace(oracle) if oracle else None)
+                       moce_bonus=args.moce_bonus, moce_protect=args.moce_protect, moce_r1=args.moce_r1, gate=gate,
+                       gate_options=options, router=getattr(args, "router", None), oracle_trace=_oracle_trace(oracle) if oracle else None)
+
+
+def calibrated_q(path, predictor, lookahead) -> dict:
+    """--calibrated FILE: the fitted claim model's q table for the predictor that reads ahead."""
+    from .analysis.calibration import ClaimModel
+
+    try:
+        model = ClaimModel.from_json(open(path).read())
+    except OSError as e:
+        raise ValueError(f"--calibrated {path}: cannot read it ({e.strerror}); give the claim_model.json that "
+                         "`workbench analyze --what calibration --out DIR` writes") from None
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+        raise ValueError(f"--calibrated {path}: not a claim model (JSON of `workbench analyze --what calibration`); "
+                         "write one with `workbench analyze TRACE --what calibration --model DIR --out DIR`") from None
+    predictor = predictor or ("layer" if lookahead else "none")
+    source = {"layer": f"d{lookahead or 1}", "prev": "prev"}.get(predictor)
+    if source is None:
+        raise ValueError(f"--calibrated needs a layer or prev predictor (got {predictor}): give --lookahead D")
+    return model.gate_table(source)
 
 
 def _oracle_trace(path):

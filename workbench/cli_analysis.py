@@ -152,16 +152,33 @@ def cmd_analyze(args) -> int:
             grid = speedup_grid(union_table(t), k, np.round(np.linspace(0, 1, 51), 3))
             written += _write(out, "speedup", grid, charts.speedup_chart(grid), args.no_chart)
         elif args.what == "calibration":
-            from workbench.analysis.calibration import (calibration_scores, candidate_table, fit_claim_model,
-                                                        precision_table, reliability_table)
+            from workbench.analysis.calibration import (calibration_scores, claim_candidates, fit_claim_model,
+                                                        held_out_overlap, precision_table, reliability_table)
 
-            c = candidate_table(trace, phase=phase)
+            routers = None
+            if model is not None:
+                from workbench.analysis.lookahead import routers_from_model
+
+                routers = routers_from_model(model)
+            else:
+                print("note: fitting on the trace's live pred_ columns, which skip experts already mapped (a selection "
+                      "bias); give --model DIR to fit on predictions made before they are removed", file=sys.stderr)
+            c = claim_candidates(trace, routers, phase)
             p = precision_table(c)
             _print_table(p, "predictor precision by source and rank")
             written = _write(out, "precision", p, charts.precision_chart(p), args.no_chart)
+            m = fit_claim_model(c)
+            from workbench.fsutil import atomic_write
+
+            atomic_write(out / "claim_model.json", lambda tmp: Path(tmp).write_text(m.to_json()))
+            written.append(out / "claim_model.json")  # the fitted q: `workbench run ... --calibrated` reads it
             if args.eval_trace:
-                m = fit_claim_model(c)
-                ev = candidate_table(read_trace(args.eval_trace), phase=phase)
+                held = read_trace(args.eval_trace)
+                share = held_out_overlap(trace, held)
+                if share > 0:
+                    return _err(f"--eval-trace {args.eval_trace}: {share:.0%} of its routing rows are in the fit trace "
+                                f"{args.trace} (the same or an overlapping prompt); give a trace of other prompts")
+                ev = claim_candidates(held, routers, phase)
                 r = reliability_table(m, ev)
                 _print_table(calibration_scores(m, ev), "claim probability q, held-out scores")
                 written += _write(out, "reliability", r, charts.reliability_chart(r), args.no_chart)

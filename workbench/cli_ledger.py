@@ -3,8 +3,10 @@
     workbench ledger [--per-domain N] [--prompt-tokens N] [--max-tokens N] [--no-live] [--small] [--json]
 
 Runs the reference model (or --model DIR) over the workload (N prompts from each of in-domain,
-held-out and shifted-domain text; traces cached), measures every claim with a 95% bootstrap
-interval over prompts and prints, per row: claim, seed value, ours, interval, method, rule, verdict.
+held-out and shifted-domain text, up to --prompt-tokens each; traces cached), measures every claim
+of both seed documents and prints, per row: claim, seed value, ours, 95% interval (and prediction
+interval for one prompt), verdict (reproduced / differs / not comparable / not measurable here,
+with the reason), rule and method; then one verdict per claim id. Timing rows are marked.
 """
 
 from __future__ import annotations
@@ -29,15 +31,16 @@ def register(subparsers) -> None:
 
 
 def _num(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+    x = x.item() if hasattr(x, "item") and not isinstance(x, (list, str)) else x  # numpy scalars -> Python
+    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def cmd_ledger(args) -> int:
-    from workbench.analysis.ledger import workload_ledger
-    from workbench.analysis.workload import record_workload, workload_set
+    from workbench.analysis.ledger import COLUMNS, claim_verdicts, headline_counts, ledger_text, workload_ledger
+    from workbench.analysis.workload import SMALL, record_workload, workload_set
 
     if args.small:
-        args.per_domain, args.prompt_tokens, args.max_tokens = 1, 32, 8
+        args.per_domain, args.prompt_tokens, args.max_tokens = SMALL["per_domain"], SMALL["prompt_tokens"], SMALL["max_tokens"]
     try:
         w = record_workload(workload_set(args.per_domain), args.model, args.prompt_tokens, args.max_tokens,
                             progress=not args.json)
@@ -47,18 +50,15 @@ def cmd_ledger(args) -> int:
     except (ValueError, OSError) as e:
         print(f"workbench: error: {e}", file=sys.stderr)
         return 2
-    cols = ["id", "claim", "seed", "seed_low", "seed_high", "ours", "low", "high", "n", "method", "rule", "verdict", "note"]
+    lengths = sorted(len(r.prompt_ids) for r in w.runs)
+    tokens = (f"{lengths[0]}" if lengths[0] == lengths[-1] else f"{lengths[0]}-{lengths[-1]}")
     if args.json:
-        rows = [{c: _num(r[c]) for c in cols} for r in led[cols].to_dict("records")]
-        print(json.dumps({"model": str(w.model), "prompts": [r.prompt.id for r in w.runs], "rows": rows}))
+        rows = [{c: _num(r[c]) for c in COLUMNS} for r in led.to_dict("records")]
+        print(json.dumps({"model": str(w.model), "prompts": [r.prompt.id for r in w.runs],
+                          "teacher_forced_tokens": [len(r.prompt_ids) for r in w.runs],
+                          "claims": claim_verdicts(led).to_dict(), "headline": headline_counts(led), "rows": rows}))
         return 0
-    print(f"ledger: {w.model}, {len(w.runs)} prompts ({args.prompt_tokens} teacher-forced + {args.max_tokens} greedy tokens each)")
-    for r in led.itertuples():
-        seed = f"{r.seed_low:.4g}..{r.seed_high:.4g}" if r.seed_low != r.seed_high else f"{r.seed:.4g}"
-        ours = "-" if math.isnan(r.ours) else f"{r.ours:.4g}"
-        iv = "" if math.isnan(r.low) else f"[{r.low:.4g}, {r.high:.4g}] n={r.n}"
-        print(f"{r.id:<30} {r.claim[:46]:<46} seed {seed:<13} ours {ours:<8} {iv:<24} {r.verdict:<12} "
-              f"{r.rule}; {r.method}")
-    counts = led["verdict"].value_counts().to_dict()
-    print("verdicts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    print(f"ledger: {w.model}, {len(w.runs)} prompts ({tokens} teacher-forced + {args.max_tokens} greedy tokens each)")
+    print(ledger_text(led))
+    print(headline_counts(led))
     return 0

@@ -29,6 +29,9 @@ VERIFY_MODES = ("always", "changed", "first", "never")
 # cache-aware router with p=3 and no r1 (approximate); cache_aware cache-aware router with p, b, r1.
 # The seed's audit calls them UNPERT=1, UNPERT=0 and route; those spellings are accepted too.
 AHEAD_MODES = ("raw", "resident_bonus", "cache_aware")
+# the router, when given apart from the ranking (the seed's UNPERT experiment holds it fixed):
+# exact, or cache_aware with --moce-* (approximate); None follows the mode as above.
+ROUTERS = ("exact", "cache_aware")
 SEED_MODE_NAMES = {"unpert1": "raw", "unpert0": "resident_bonus", "route": "cache_aware"}
 
 
@@ -107,8 +110,10 @@ class AheadConfig:
     implies the layer predictor. ``lookahead``: distance in MoE layers (rows) ahead; default 1 (in
     simulate: from the predictor's name). ``width``: candidates ranked per target layer (default
     top-k). ``mode``: one of ``AHEAD_MODES``; ``moce_bonus`` / ``moce_protect`` / ``moce_r1``: the
-    cache-aware ranking's b, p and r1. ``gate``: admission gate (none | confidence | cost) with
-    ``gate_options``. ``oracle_trace``: the recorded Trace of the same prompt for the engine's oracle
+    cache-aware ranking's b, p and r1. ``router``: exact | cache_aware (b, p, r1 above) to fix
+    the router apart from the ranking (None: as the mode says, ``AHEAD_MODES``). ``gate``:
+    admission gate (none | confidence | cost) with ``gate_options``. ``oracle_trace``: the
+    recorded Trace of the same prompt for the engine's oracle
     (``trace.schema.read_trace(path)``; the command line reads ``--oracle-trace``)."""
 
     predictor: str | None = None
@@ -118,6 +123,7 @@ class AheadConfig:
     moce_bonus: float = 0.85
     moce_protect: int = 3
     moce_r1: float = 0.0
+    router: str | None = None
     gate: str = "none"
     gate_options: dict | None = None
     oracle_trace: object = None
@@ -139,6 +145,11 @@ class AheadConfig:
         if self.mode == "cache_aware" and not self.moce_bonus > 0:
             raise ValueError(f"--mode cache_aware with --moce-bonus {self.moce_bonus} <= 0 is the plain router; "
                              "give a bonus > 0 or use --mode raw")
+        if self.router is not None:
+            _choice("router", "--routing", self.router, ROUTERS)
+            if self.router == "cache_aware" and not self.moce_bonus > 0:
+                raise ValueError(f"--routing cache_aware with --moce-bonus {self.moce_bonus} <= 0 is the plain router; "
+                                 "give a bonus > 0 or use --routing exact")
         if not isinstance(self.gate, str):
             raise ValueError(f"--gate must be a name (none, confidence, cost), got {self.gate!r}")
         if self.gate != "none" and not self.reads_ahead:

@@ -6,7 +6,8 @@ gates        gate weight by slot, drop-weakest block error
 union        MTP union over windows and the streaming-bound speedup bound
 drafters     drafter acceptance (draft model, n-gram prompt lookup; self-draft hook)
 calibration  predictor precision and claim probability q (reliability)
-ledger       seed claims of DESIGN section 4 vs our measurements, verdicts by rule
+ledger       every claim of both seed documents vs our measurements, verdicts by a rule per row
+tolerance    the practical tolerance per kind of quantity (one table)
 uncertainty  the one bootstrap over prompts; interval tables (value, low, high, n_prompts)
 workload     the reference model over a workload, teacher-forced and greedy (cached traces)
 live         workload runs through the live engine: strata counters, LRU vs SLRU-cold

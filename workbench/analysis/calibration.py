@@ -160,6 +160,15 @@ class ClaimModel:
         df["q"] = self.predict(df)
         return df
 
+    def gate_table(self, source: str) -> dict:
+        """{layer: [q of rank 1 .. max_rank]} of one source: the ``q_table`` of the cost gate
+        (``routing.gates.CostGate``); sources: d<D> (layer predictor at distance D), prev."""
+        if source not in self.sources:
+            raise ValueError(f"the claim model has no source {source!r} (it has {', '.join(self.sources)})")
+        t = self.table()
+        t = t[t["source"] == source].sort_values(["layer", "rank"])
+        return {int(l): g["q"].round(6).tolist() for l, g in t.groupby("layer")}
+
     def to_json(self) -> str:
         return json.dumps(dict(method=self.method, sources=self.sources, max_rank=self.max_rank,
                                layers=[int(x) for x in self.layers], params=self.params))
@@ -287,6 +296,34 @@ def with_predictions(trace, routers, distances: Iterable[int] = (1, 2, 3), prev_
     return Trace(routes=df.assign(**cols), meta=dict(tr.meta))
 
 
+def claim_candidates(trace, routers=None, phase: str | None = "decode") -> pd.DataFrame:
+    """The candidates to fit q on: with ``routers`` (and MoE inputs in the trace), predicted
+    offline before any mapped expert is removed (``with_predictions``); without, the trace's live
+    ``pred_`` columns, which skip experts already mapped (a selection bias: the remaining
+    candidates are the harder ones)."""
+    tr = as_trace(trace)
+    if routers is not None:
+        return candidate_table(with_predictions(tr, routers), sources=["d1", "d2", "d3", "prev"], phase=phase)
+    return candidate_table(tr, phase=phase)
+
+
+def _fingerprints(trace) -> set:
+    """One hash per routing row: its layer and what the router saw (MoE input, else logits, else
+    the step's selections), so the same prompt's rows match and another prompt's do not."""
+    df = as_trace(trace).routes
+    for col in ("moe_input", "logits"):
+        if col in df and df[col].notna().all():
+            return {hash((int(l), np.asarray(v, dtype=np.float16).tobytes())) for l, v in zip(df["layer"], df[col])}
+    steps = df.groupby("step")["selected"].apply(lambda s: tuple(tuple(int(x) for x in v) for v in s))
+    return {hash(v) for v in steps}
+
+
+def held_out_overlap(fit_trace, eval_trace) -> float:
+    """Share of the evaluation trace's routing rows that also occur in the fit trace (0: held out)."""
+    fit, ev = _fingerprints(fit_trace), _fingerprints(eval_trace)
+    return len(ev & fit) / len(ev) if ev else 0.0
+
+
 def calibration_ci(model: ClaimModel, cands_by_prompt, **ci) -> pd.DataFrame:
     """Brier score per source (and "all") on held-out candidates ({prompt: candidate_table}),
     with a bootstrap interval over the held-out prompts: source, brier, low, high, n_prompts,
@@ -308,7 +345,7 @@ def held_out_calibration(fit_traces, eval_traces, routers, phase: str | None = "
     overlap = set(fit_traces) & set(eval_traces)
     if overlap:
         raise ValueError(f"prompts {sorted(overlap)[:3]} are in both the fit and the held-out set")
-    cands = lambda trs: {p: candidate_table(with_predictions(t, routers), phase=phase) for p, t in trs.items()}
+    cands = lambda trs: {p: claim_candidates(t, routers, phase) for p, t in trs.items()}
     fit = cands(fit_traces)
     model = fit_claim_model(pd.concat(list(fit.values()), ignore_index=True), method=method)
     held = cands(eval_traces)

@@ -40,8 +40,25 @@ for _q, _name in (("arena hits", "arena hit share"), ("prefetch hits", "prefetch
 STRATA = tuple(SEED_STRATA)
 # The second seed's SLRU-cold table: {arena GB of its model: (LRU GB read, SLRU-cold GB read)}
 SEED_SLRU = {8: (48.56, 47.84), 10: (40.53, 39.58)}
-# the read-ahead mode of each configuration (layer predictor: router of L on the input of L-1)
-CONFIGS = {"UNPERT=1": "raw", "UNPERT=0": "resident_bonus", "route": "cache_aware"}
+# The seed's UNPERT experiment as a 2x2 factorial: read-ahead ranking (raw top-k = UNPERT=1, resident
+# bonus beyond rank 3 = UNPERT=0) x router (exact, or cache-aware "moce" at p=3, b=0.85, r1=0). The
+# seed's default is raw ranking with the moce router; its experiment changes only the ranking.
+# (`route` at its defaults p=3, r1=0 ranks as UNPERT=0 does, so it is the "bonus, moce" cell.)
+# Layer predictor throughout: router of L on the input of L-1.
+CONFIGS = {
+    "raw, exact": dict(mode="raw", router="exact"),
+    "bonus, exact": dict(mode="resident_bonus", router="exact"),
+    "raw, moce": dict(mode="raw", router="cache_aware"),
+    "bonus, moce": dict(mode="resident_bonus", router="cache_aware"),
+}
+# the ledger's runs: the 2x2 and the seed's L+2 read-ahead beside its default (raw, moce)
+LEDGER_CONFIGS = {**CONFIGS, "raw, moce, L+2": dict(mode="raw", router="cache_aware", lookahead=2)}
+# the configuration the seed's strata table ran (its default): the ledger's strata rows
+STRATA_CONFIG = "raw, moce"
+# the seed's contrast: UNPERT=0 - UNPERT=1 with the moce router held fixed
+UNPERT_CONTRAST = ("bonus, moce", "raw, moce")
+# where a prefetched expert can end without being used (counts per decode token)
+WASTE = ("cancelled_before_read", "partially_read", "completed_unused")
 
 
 def strata_counts(counters: pd.DataFrame) -> dict:
@@ -50,7 +67,9 @@ def strata_counts(counters: pd.DataFrame) -> dict:
     n = d["step"].nunique()
     if n == 0:
         raise ValueError("counters have no decode steps")
-    t = d[["hits", "sync_misses", "prefetch_issued", "prefetch_useful_timely", "prefetch_useful_late"]].sum()
+    t = d[["hits", "sync_misses", "bytes_read", "prefetch_issued", "prefetch_useful_timely", "prefetch_useful_late"]
+          + [f"prefetch_{w}" for w in WASTE] + [f"prefetch_{w}_bytes" for w in WASTE]].sum()
+    wasted_bytes = sum(t[f"prefetch_{w}_bytes"] for w in WASTE)
     pf = t["prefetch_useful_timely"] + t["prefetch_useful_late"]
     issued = t["prefetch_issued"]
     lookups = t["hits"] + t["sync_misses"] + pf
@@ -64,16 +83,22 @@ def strata_counts(counters: pd.DataFrame) -> dict:
         "prefetch hit share": pf / lookups if lookups else np.nan,
         "sync miss share": t["sync_misses"] / lookups if lookups else np.nan,
         "issued per lookup": issued / lookups if lookups else np.nan,
+        "MB per token": t["bytes_read"] / n / 1e6,
+        "unnecessary share": wasted_bytes / t["bytes_read"] if t["bytes_read"] else np.nan,
+        **{f"{w} per token": t[f"prefetch_{w}"] / n for w in WASTE},
         "decode tokens": n,
     }
 
 
-def _run(store, ids, max_tokens, arena, policy="lru", mode=None, lookahead=1):
-    """One plain run (``mode`` None) or one with layer read-ahead in ``mode`` (an AheadConfig mode)."""
+def _run(store, ids, max_tokens, arena, policy="lru", ahead=None, lookahead=1):
+    """One plain run (``ahead`` None) or one with layer read-ahead and ``ahead`` (AheadConfig
+    keywords: mode, router, lookahead, ...)."""
     from ..config import AheadConfig, ArenaConfig
     from ..engine.engine import Engine
 
-    ahead = None if mode is None else AheadConfig("layer", lookahead, mode=mode)
+    if ahead is not None:
+        kw = dict(ahead)
+        ahead = AheadConfig("layer", kw.pop("lookahead", lookahead), **kw)
     with Engine(store, arena=ArenaConfig(str(arena), policy), ahead=ahead, progress=False) as eng:
         return eng.generate(ids, max_tokens=max_tokens)
 
@@ -94,10 +119,20 @@ def strata_runs(workload, configs=CONFIGS, residency: float = SEED_RESIDENCY, ma
     rows = []
     for name, run in _jobs(list(configs), workload.runs, progress, "strata runs"):
         ids = run.prompt_ids[:prompt_tokens] if prompt_tokens else run.prompt_ids
-        res = _run(workload.store, ids, max_tokens or workload.max_tokens, residency, mode=configs[name],
+        res = _run(workload.store, ids, max_tokens or workload.max_tokens, residency, ahead=configs[name],
                    lookahead=lookahead)
-        rows.append(dict(configuration=name, prompt=run.prompt.id, **strata_counts(res.counters)))
+        rows.append(dict(configuration=name, prompt=run.prompt.id, slots=res.stats["arena_slots"],
+                         **strata_counts(res.counters)))
     return pd.DataFrame(rows)
+
+
+def paired_difference(per_prompt: pd.DataFrame, quantity: str, a: str, b: str, by: str = "configuration") -> pd.Series:
+    """Per prompt: ``quantity`` of configuration ``a`` minus that of ``b`` (prompts both ran), indexed by prompt."""
+    wide = per_prompt.pivot_table(index="prompt", columns=by, values=quantity)
+    for c in (a, b):
+        if c not in wide.columns:
+            raise ValueError(f"no {by} {c!r} in the per-prompt table; have {sorted(wide.columns)}")
+    return (wide[a] - wide[b]).dropna()
 
 
 def strata_table(per_prompt: pd.DataFrame, **ci) -> pd.DataFrame:
@@ -173,3 +208,4 @@ def strata_display(table: pd.DataFrame) -> pd.DataFrame:
     seed = {q: (f"{lo:.4g}" if lo == hi else f"{lo:.4g}-{hi:.4g}") for q, (lo, hi) in SEED_STRATA.items()}
     wide.insert(0, "seed", [seed[q] for q in wide.index])
     return wide.reset_index()
+

@@ -114,3 +114,25 @@ def over_prompts(traces: Mapping[str, object], analysis: Callable[[object], pd.D
         items = tqdm(items, desc="prompts", unit="prompt")
     per = [analysis(tr).assign(prompt=name) for name, tr in items]
     return interval_table(pd.concat(per, ignore_index=True), by, value, **kw)
+
+
+# two-sided 97.5% quantiles of Student's t by degrees of freedom (larger df: the next smaller entry)
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
+
+
+def prediction_interval(values) -> tuple[float, float]:
+    """95% prediction interval for one more prompt's value: mean +- t(n-1) * sd * sqrt(1 + 1/n).
+
+    The interval to compare a value measured on a single prompt with (the interval of the mean is
+    narrower the more prompts we run; a single prompt's value does not get closer to the mean).
+    Fewer than 2 values give NaNs."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    n = len(x)
+    if n < 2:
+        return float("nan"), float("nan")
+    t = _T975[max(d for d in _T975 if d <= n - 1)]
+    half = t * float(np.std(x, ddof=1)) * np.sqrt(1 + 1 / n)
+    return float(x.mean() - half), float(x.mean() + half)

@@ -254,8 +254,13 @@ def mtp_reference_check(union=None, k: int = REFERENCE_K, claims: Mapping[str, f
     """The reference MTP claims recomputed from their own union table under each set of assumptions.
 
     Rows: assumption, quantity (ceiling, speedup@0.9, speedup@0.8, break_even), value, best_g,
-    reference, matches (|value - reference| <= 0.01: the claims are given to two digits).
+    reference, matches (|value - reference| within the tolerance of its kind, ``tolerance.TOLERANCE``:
+    the claims are given to two digits).
     """
+    from .tolerance import tolerance
+
+    tol = {q: tolerance("acceptance" if q == "break_even" else "speedup") for q in ("ceiling", "speedup@0.9",
+                                                                                    "speedup@0.8", "break_even")}
     u = union_table(REFERENCE_UNION if union is None else union)
     claims = dict(ceiling=1.83, **{"speedup@0.9": 1.30, "speedup@0.8": 1.08}, break_even=0.72) if claims is None else dict(claims)
     s_ls = fit_union_slope(u, k)
@@ -277,17 +282,17 @@ def mtp_reference_check(union=None, k: int = REFERENCE_K, claims: Mapping[str, f
         for q, a in (("ceiling", 1.0), ("speedup@0.9", 0.9), ("speedup@0.8", 0.8)):
             v = float(b.loc[a, "speedup"])
             rows.append(dict(assumption=name, quantity=q, value=v, best_g=int(b.loc[a, "best_g"]),
-                             reference=claims.get(q), matches=abs(v - claims[q]) <= 0.01 if q in claims else None))
+                             reference=claims.get(q), matches=abs(v - claims[q]) <= tol[q] + 1e-12 if q in claims else None))
         rows.append(dict(assumption=name, quantity="break_even", value=be["acceptance"], best_g=be["g"],
                          reference=claims.get("break_even"),
-                         matches=(abs(be["acceptance"] - claims["break_even"]) <= 0.01) if "break_even" in claims
+                         matches=(abs(be["acceptance"] - claims["break_even"]) <= tol["break_even"] + 1e-12) if "break_even" in claims
                          and not np.isnan(be["acceptance"]) else False))
     return pd.DataFrame(rows)
 
 
 # --------------------------------------------------------------------------- over a workload
 SEED_G = (1, 2, 3, 8)  # the windows of the seed's union table: MTP rows compare like for like
-MTP_QUANTITIES = ("ceiling", "speedup@0.9", "speedup@0.8", "break_even", "slope")
+MTP_QUANTITIES = ("ceiling", "speedup@0.9", "speedup@0.8", "break_even", "break_even@g3", "slope")
 
 
 def union_ci(traces, g_values: Iterable[int] = SEED_G, phase: str | None = "decode", **ci) -> pd.DataFrame:
@@ -316,6 +321,8 @@ def _mtp_value(u: dict[int, float], k: int, quantity: str) -> float:
         return max(float(expected_tokens(a, g)) * k / v for g, v in u.items())
     if quantity == "break_even":
         return break_even(u, k)["acceptance"]
+    if quantity.startswith("break_even@g"):  # one window, like for like with a document's per-window value
+        return break_even(u, k, g_values=[int(quantity[len("break_even@g"):])])["acceptance"]
     if quantity == "slope":
         return fit_union_slope(u, k)
     raise ValueError(f"unknown MTP quantity {quantity!r}; known: {MTP_QUANTITIES}")

@@ -89,36 +89,66 @@ def blobs_gbps(store, mode="buffered", threads=4, cold=True, n_slots=64, seed=0,
     return sum(b.size for b in blobs) / (time.perf_counter() - t0) / 1e9
 
 
-def copy_variants_gbps(store, cold=True, limit=64) -> dict:
-    """Single-thread GB/s: pread into a heap buffer, pread into a fresh array, preadv into a slot."""
+COPY_VARIANTS = ("pread_heap", "pread_fresh_array", "preadv_slot")
+
+
+def _copy_variants(path, blocks, slot_bytes, cold, order=COPY_VARIANTS) -> dict:
+    """Single-thread GB/s of each variant reading ``blocks`` [(offset, size)] of ``path`` in the given order."""
     import mlx.core as mx
 
-    m = Manifest.load(store)
-    path = os.path.join(store, EXPERTS)
-    blobs = list(m.blobs.values())[:limit]
-    total = sum(b.size for b in blobs)
-    slot = mx.zeros((m.expert_bytes,), dtype=mx.uint8)
+    total = sum(size for _, size in blocks)
+    slot = mx.zeros((slot_bytes,), dtype=mx.uint8)
     mx.eval(slot)
     view = memoryview(slot).cast("B")
     out = {}
     fd = os.open(path, os.O_RDONLY)
     try:
-        for name in ("pread_heap", "pread_fresh_array", "preadv_slot"):
+        for name in order:
             if cold:
                 drop_cache(path)
             t0 = time.perf_counter()
-            for b in blobs:
+            for off, size in blocks:
                 if name == "pread_heap":
-                    os.pread(fd, b.size, b.offset)
+                    os.pread(fd, size, off)
                 elif name == "pread_fresh_array":
-                    a = mx.array(np.frombuffer(os.pread(fd, b.size, b.offset), dtype=np.uint8))
+                    a = mx.array(np.frombuffer(os.pread(fd, size, off), dtype=np.uint8))
                     mx.eval(a)
                 else:
-                    os.preadv(fd, [view], b.offset)
+                    os.preadv(fd, [view[:size]], off)
             out[name] = total / (time.perf_counter() - t0) / 1e9
     finally:
         os.close(fd)
     return out
+
+
+def copy_variants_gbps(store, cold=True, limit=64) -> dict:
+    """Single-thread GB/s: pread into a heap buffer, pread into a fresh array, preadv into a slot."""
+    m = Manifest.load(store)
+    blobs = list(m.blobs.values())[:limit]
+    return _copy_variants(os.path.join(store, EXPERTS), [(b.offset, b.size) for b in blobs], m.expert_bytes, cold)
+
+
+def copy_variants_file_gbps(block_bytes: int, n_blocks: int, repeats: int, seed: int = 0, directory=None) -> list:
+    """The three copy variants at a chosen block size: a scratch file of ``n_blocks`` blocks of
+    ``block_bytes`` (random bytes, removed after), each repeat cold (dontneed), blocks in a fresh
+    shuffled order and the variants in a shuffled order. One {variant: GB/s} per repeat."""
+    import tempfile
+
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(dir=directory, prefix="readpath-") as tmp:
+        path = os.path.join(tmp, "blocks.bin")
+        chunk = np.random.default_rng(seed).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
+        with open(path, "wb") as f:
+            for _ in range(n_blocks):
+                f.write(chunk)
+        blocks = [(i * block_bytes, block_bytes) for i in range(n_blocks)]
+        reps = []
+        for _ in range(repeats):
+            rng.shuffle(blocks)
+            order = list(COPY_VARIANTS)
+            rng.shuffle(order)
+            reps.append(_copy_variants(path, blocks, block_bytes, cold=True, order=order))
+        return reps
 
 
 def read_path_table(store, threads=(1, 2, 4, 8), modes=None, reps=1, progress=True) -> pd.DataFrame:

@@ -99,7 +99,11 @@ class Planner:
         cands = ahead_candidates(z, arena.mapped[target], width, self.mode, self.p, self.b, self.r1,
                                  resident_mask=arena.map.resident_mask(target))
         self.pending[target] = cands
-        for e in self.gate.filter(target, cands):
+        ranks = None
+        if getattr(self.gate, "q_table", None) is not None:  # a calibrated gate: each candidate's rank among all experts
+            best = np.asarray(z, dtype=np.float64).max(axis=0)
+            ranks = [1 + int((best > best[e]).sum()) for e in cands]
+        for e in self.gate.filter(target, cands, ranks=ranks):
             arena.prefetch(target, e, run.engine.top_k, evict)
 
     def _predict(self, run, layer, moe_input, logits):

@@ -79,11 +79,16 @@ class ConfidenceGate(Gate):
 
 
 class CostGate(Gate):
-    """Cost test: admit when q * stall_saved > price * bytes + victim_loss."""
+    """Cost test: admit when q * stall_saved > price * bytes + victim_loss.
+
+    ``q_table`` ({layer: [q of rank 1, rank 2, ...]}, from a fitted claim model:
+    ``analysis.calibration.ClaimModel.gate_table``) gives each candidate the q of its rank among
+    all experts (``ranks=`` to ``filter``; the planner passes them); without it q is ``q_default``."""
 
     name = "cost"
 
-    def __init__(self, stall_saved: float = 1e-3, price: float = 2.5e-10, bytes: int | None = None, q_default: float = 0.5):
+    def __init__(self, stall_saved: float = 1e-3, price: float = 2.5e-10, bytes: int | None = None, q_default: float = 0.5,
+                 q_table: dict | None = None):
         if stall_saved < 0 or price < 0:
             raise ValueError(f"cost gate stall_saved and price must be >= 0, got {stall_saved}, {price}")
         if not 0.0 <= q_default <= 1.0:
@@ -92,6 +97,23 @@ class CostGate(Gate):
         self.price = float(price)
         self.bytes = bytes
         self.q_default = float(q_default)
+        self.q_table = None
+        if q_table is not None:
+            self.q_table = {int(l): [float(q) for q in qs] for l, qs in q_table.items()}
+            bad = [q for qs in self.q_table.values() for q in qs if not 0.0 <= q <= 1.0]
+            if bad or not all(self.q_table.values()):
+                raise ValueError("cost gate q_table holds, per layer, a non-empty list of probabilities in [0, 1]")
+
+    def q_of(self, layer: int, rank: int) -> float | None:
+        """The fitted q of the candidate of ``rank`` (1 = best) for ``layer``; ranks past the table take its last."""
+        qs = None if self.q_table is None else self.q_table.get(int(layer))
+        return None if qs is None else qs[min(int(rank), len(qs)) - 1]
+
+    def filter(self, layer: int, candidates, ranks=None, **ctx) -> list[int]:
+        if self.q_table is None:
+            return super().filter(layer, candidates, **ctx)
+        ranks = range(1, len(candidates) + 1) if ranks is None else ranks
+        return [int(e) for e, r in zip(candidates, ranks) if self.admit(layer, int(e), q=self.q_of(layer, r), **ctx)]
 
     def admit(self, layer, expert, q=None, bytes=None, victim_loss=0.0, **ctx):
         q = self.q_default if q is None else float(q)

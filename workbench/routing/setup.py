@@ -12,14 +12,15 @@ def configure(engine, ahead: AheadConfig | None = None):
     is None for the exact one, the planner None for no read-ahead.
 
     The ranking modes are described once, in ``config`` (``AHEAD_MODES``): raw keeps the exact
-    router; resident_bonus and cache_aware also route with the resident bonus (APPROXIMATE)."""
+    router; resident_bonus and cache_aware also route with the resident bonus (APPROXIMATE).
+    ``ahead.router`` (exact | cache_aware), when given, fixes the router whatever the ranking."""
     a = AheadConfig() if ahead is None else ahead
     if not isinstance(a, AheadConfig):
         raise TypeError(f"configure: ahead must be an AheadConfig (workbench.config), got {type(a).__name__}")
     router = planner = None
-    if a.mode == "cache_aware":
+    if a.router == "cache_aware" or (a.router is None and a.mode == "cache_aware"):
         router = CacheAwareRouter(engine, p=a.moce_protect, b=a.moce_bonus, r1=a.moce_r1)
-    elif a.mode == "resident_bonus" and a.moce_bonus > 0:
+    elif a.router is None and a.mode == "resident_bonus" and a.moce_bonus > 0:
         router = CacheAwareRouter(engine, p=min(3, engine.top_k), b=a.moce_bonus, r1=0.0)
     if a.reads_ahead:
         planner = Planner(engine, a.predictor, a.distance, a.mode, a.width, a.moce_protect, a.moce_bonus,

@@ -12,7 +12,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from .palette import PALETTE, color_scale, natural_key, natural_sorted
+from .palette import PALETTE, color_of, color_scale, natural_key, natural_sorted
 
 
 # Axis titles, with their units, of the columns charts pick by name.
@@ -237,14 +237,14 @@ def hit_curve_chart(table: pd.DataFrame, x: str | None = None, y: str | None = N
 
 # --------------------------------------------------------------------------- ledger
 def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
-    """Ours / seed per ledger row with the 95% interval (also / seed), coloured by verdict;
-    unmeasured rows omitted. 1 = the seed's value."""
+    """Ours / seed per measured level row with the 95% interval (also / seed), coloured by verdict;
+    unmeasured rows and paired differences (``paired_difference_chart``) omitted. 1 = the seed's value."""
     t = ledger.dropna(subset=["ours"]).copy()
-    t = t[t["seed"] != 0]
+    t = t[(t["seed"] != 0) & (t.get("quantity", "") != "paired difference")]
     t["row"] = t["id"] + " · " + t["method"].str.slice(0, 40)
     for c in ("ours", "low", "high"):
         t[f"{c}_ratio"] = t[c] / t["seed"]
-    sc = color_scale(["reproduced", "differs"])
+    sc = color_scale(["reproduced", "differs", "not comparable", "not measurable here"])
     y = alt.Y("row:N", title="claim · method", sort=list(t["row"]))
     bars = alt.Chart(t).mark_rule().encode(y=y, x="low_ratio:Q", x2="high_ratio:Q",
                                            color=alt.Color("verdict:N", scale=sc, title="verdict"))
@@ -256,6 +256,23 @@ def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
     one = alt.Chart(pd.DataFrame({"x": [1.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(x="x:Q")
     return alt.layer(one, bars, dots).properties(width=360, height=max(120, 14 * len(t)),
                                                  title=_title("Claims ledger", "1 = the seed's value; verdict by each row's rule"))
+
+
+def paired_difference_chart(row) -> alt.LayerChart:
+    """One contrast row of the ledger (quantity "paired difference"): one dot per prompt (or
+    repeat), the mean with its 95% interval, and 0 (no difference)."""
+    pts = pd.DataFrame({"unit": range(1, len(row["per_prompt"]) + 1), "difference": row["per_prompt"]})
+    iv = pd.DataFrame({"mean": [row["ours"]], "low": [row["low"]], "high": [row["high"]]})
+    unit = {"share": "share", "GB/s": "GB/s", "MB": "MB", "count": "count"}.get(row["unit"], "unitless")
+    x = alt.X("difference:Q", title=f"{row['id']}: paired difference ({unit}; 0 = none)")
+    dots = alt.Chart(pts).mark_point(filled=True, size=50, color=color_of("prompt")).encode(
+        x=x, y=alt.Y("unit:O", title="prompt"), tooltip=["unit", alt.Tooltip("difference:Q", format=".4f")])
+    band = alt.Chart(iv).mark_rule(size=3, color=color_of(row["verdict"])).encode(x="low:Q", x2="high:Q")
+    mean = alt.Chart(iv).mark_tick(thickness=3, size=24, color=color_of(row["verdict"])).encode(x="mean:Q")
+    zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#888", strokeDash=[4, 3]).encode(x="x:Q")
+    return alt.layer(zero, band, mean, dots).properties(width=320, height=max(60, 16 * len(pts)), title=_title(
+        f"{row['id']}: {row['method'][:80]}",
+        [row["claim"][:100], row["verdict"] + (f" ({row['reason']})" if row["reason"] else "")]))
 
 
 # --------------------------------------------------------------------------- intervals over a workload
