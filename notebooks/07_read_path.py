@@ -65,7 +65,7 @@ print(f"store: {store_dir}\n{len(m.blobs)} blobs of {m.expert_bytes / 1e6:.3f} M
 
 # %%
 table = read_path_table(store_dir, threads=THREADS, modes=MODES, reps=1 if small else reps)
-wb.table(table, "GB/s by method, read mode, threads and cache state (median, min and max of the repeats)")
+wb.show_table(table, "GB/s by method, read mode, threads and cache state (median, min and max of the repeats)")
 
 # %%
 reads = table[table.method.str.startswith("store")]  # what the engine does: blobs into slots

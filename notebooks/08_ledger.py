@@ -65,7 +65,7 @@ wb.show(charts.ledger_chart(ledger), "ledger")
 
 # %%
 cols = ["id", "claim", "seed", "ours", "low", "high", "n", "method", "rule", "verdict"]
-wb.table(ledger[cols], "Claims: seed vs ours, 95% interval, method, rule, verdict", precision=4)
+wb.show_table(ledger[cols], "Claims: seed vs ours, 95% interval, method, rule, verdict", precision=4)
 
 # %% [markdown]
 # ## The seed's own arithmetic
@@ -75,8 +75,8 @@ wb.table(ledger[cols], "Claims: seed vs ours, 95% interval, method, rule, verdic
 
 # %%
 seed_rows = ledger[ledger["id"].str.endswith("@seed")]
-wb.table(seed_rows[["id", "claim", "seed", "ours", "method", "rule", "verdict", "note"]],
-         "Arithmetic on the seed's own numbers", precision=4)
+wb.show_table(seed_rows[["id", "claim", "seed", "ours", "method", "rule", "verdict", "note"]],
+              "Arithmetic on the seed's own numbers", precision=4)
 
 # %% [markdown]
 # ## Live: filter by area and verdict
