@@ -183,9 +183,27 @@ def open_engine(args, progress):
     return Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
 
 
+def max_tokens_arg(text: str) -> int:
+    """``-m``/``--max-tokens``: an integer; a model path given to ``-m`` gets a hint (``-m`` is mlx-lm's)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-m is --max-tokens, as in mlx_lm generate; got {text!r}: give the model "
+                                         f"as the first argument or with --model {text}") from None
+
+
+def str2bool(text: str) -> bool:
+    """``--verbose``, read as ``mlx_lm generate`` reads it (only false/f, any case, is false)."""
+    return text.lower() not in ("false", "f")
+
+
 def add_generation_args(p):
-    """mlx-lm's generation flags (same names and defaults as ``mlx_lm generate``)."""
+    """mlx-lm's generation flags (same names and defaults as ``mlx_lm generate`` 0.32)."""
+    from .generate import DEFAULT_MAX_TOKENS
+
     g = p.add_argument_group("generation (as mlx_lm generate)")
+    g.add_argument("--max-tokens", "-m", type=max_tokens_arg, default=DEFAULT_MAX_TOKENS,
+                   help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
     g.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
     g.add_argument("--min-p", type=float, default=0.0, help="min-p sampling")
@@ -194,54 +212,68 @@ def add_generation_args(p):
                    help="PRNG seed, set where mlx_lm generate sets it (before the models are built)")
     g.add_argument("--system-prompt", default=None, help="system message for the chat template")
     g.add_argument("--ignore-chat-template", action="store_true", help="use the raw prompt without the chat template")
+    g.add_argument("--chat-template-config", default=None,
+                   help="JSON object of extra apply_chat_template arguments, e.g. '{\"enable_thinking\": false}'")
     g.add_argument("--extra-eos-token", nargs="+", default=(), help="more tokens (strings or ids) that stop generation")
+    g.add_argument("--verbose", type=str2bool, default=True,
+                   help="True (default): stream the text, then the summary and counters; False or F: only the text")
     g.add_argument("--draft-model", default=None, help="mlx-lm model directory (or cached HF repo id) to draft with")
     g.add_argument("--num-draft-tokens", type=int, default=3, help="tokens drafted per verify pass")
     g.add_argument("--compare-plain", action="store_true",
                    help="with --draft-model: also run plain streaming on a fresh engine and report both")
 
 
+def prompt_ids(args, eng, tok):
+    """The prompt's ids and whether the chat template built them: ``--prompt-ids`` as they are,
+    else the prompt text (mlx-lm's default ``hello`` when neither is given)."""
+    from . import generate as gen
+
+    if args.prompt_ids is not None:
+        return eng.encode(args.prompt_ids), False
+    if tok is None:
+        raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
+    text = gen.DEFAULT_PROMPT if args.prompt is None else args.prompt
+    text = text if args.raw_prompt else gen.read_prompt(text)
+    kwargs = gen.chat_template_config(args.chat_template_config)
+    ids = gen.build_prompt(tok, text, args.system_prompt, args.ignore_chat_template, kwargs)
+    return eng.encode(ids), gen.uses_chat_template(tok, args.ignore_chat_template)
+
+
 def cmd_run(args) -> int:
     from . import generate as gen
+    from .data import default_model
     from .store.cache import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
     from .viz.tables import speculative_table, summary_table
 
-    name = args.model_flag or args.model
-    if name is None:
-        raise ValueError("give a model: workbench run MODEL_OR_STORE, or --model/-m MODEL_OR_STORE")
+    name = args.model_flag or args.model or str(default_model())
     if args.model_flag and args.model and args.model_flag != args.model:
         raise ValueError(f"two models given ({args.model} and --model {args.model_flag}); give one")
-    if args.prompt is None and args.prompt_ids is None:
-        raise ValueError("give --prompt/-p TEXT (- reads stdin) or --prompt-ids 1,2,3")
     if args.draft_model and args.trace:
         raise ValueError("--draft-model runs without --trace; drop one of them")
+    gen.chat_template_config(args.chat_template_config)  # checked before anything is packed
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
-    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json, store=getattr(args, "store", None)))  # packs on first use
+    talk = args.verbose and not args.json  # progress bars and the streamed text
+    args.model = str(resolve_store(gen.resolve_model(name), progress=talk, store=getattr(args, "store", None)))  # packs on first use
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
-    with open_engine(args, progress=not args.json) as eng:
+    with open_engine(args, progress=talk) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)
-        chat = False
-        if args.prompt is not None:
-            if tok is None:
-                raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
-            chat = gen.uses_chat_template(tok, args.ignore_chat_template)
-            prompt_text = args.prompt if args.raw_prompt else gen.read_prompt(args.prompt)
-            ids = eng.encode(gen.build_prompt(tok, prompt_text, args.system_prompt, args.ignore_chat_template))
-        else:
-            ids = eng.encode(args.prompt_ids)
+        ids, chat = prompt_ids(args, eng, tok)
         eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)
+        stream = gen.TextStream(tok, eos) if talk and tok is not None else None
         if draft is not None:
             gen.check_draft(draft, eng.config)
             run = lambda: speculative_generate(eng, draft[0], ids, args.max_tokens, args.num_draft_tokens,  # noqa: E731
-                                               sampler=sampler, eos_token_ids=eos)
+                                               sampler=sampler, eos_token_ids=eos, progress=False, on_token=stream)
         else:
             run = lambda: eng.generate(ids, max_tokens=args.max_tokens, trace=trace, sampler=sampler,  # noqa: E731
-                                       eos_token_ids=eos)
+                                       eos_token_ids=eos, progress=stream is None and talk, on_token=stream)
+        if stream is not None:
+            print("=" * 10, flush=True)
         res, timing = gen.timed(run, len(ids))
-        text = gen.decode(tok, res.tokens, eos)
+        text = stream.finish() if stream is not None else gen.decode(tok, res.tokens, eos)
         config = gen.run_config(eng, name, ids, args, chat)
     if draft is not None and args.compare_plain:  # a fresh engine, so neither run inherits a warm arena
         with open_engine(args, progress=False) as plain:
@@ -258,15 +290,19 @@ def cmd_run(args) -> int:
         print(json.dumps({"tokens": res.tokens, "text": text, "stats": stats, "timing": timing.as_dict(),
                           "finish_reason": "stop" if res.tokens and res.tokens[-1] in eos else "length",
                           "config": config}))
+        return 0
+    if not args.verbose:  # mlx_lm generate --verbose False prints the response only
+        print(text if text is not None else ",".join(map(str, res.tokens)))
+        return 0
+    if stream is not None:
+        print()
+        print("=" * 10)
     else:
-        if text is not None:
-            print("=" * 10)
-            print(text)
-            print("=" * 10)
-        print(timing.summary())
-        print(summary_table(stats))
-        if "speculative" in stats:
-            print(speculative_table(stats))
+        print(f"tokens: {res.tokens} (this store has no tokenizer)")
+    print(gen.NO_TEXT if stream is not None and not text else timing.summary())
+    print(summary_table(stats))
+    if "speculative" in stats:
+        print(speculative_table(stats))
     return 0
 
 
@@ -311,12 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate with experts streamed through a bounded arena")
     p.add_argument("model", metavar="MODEL_OR_STORE", nargs="?",
-                   help="mlx-lm model directory, workbench store, or Hugging Face repo id in the local cache")
-    p.add_argument("--model", "-m", dest="model_flag", metavar="MODEL_OR_STORE", help="the same, as a flag")
+                   help="mlx-lm model directory, workbench store, or Hugging Face repo id in the local cache "
+                        "(default: the shipped reference model; mlx-lm's default model is not a MoE)")
+    p.add_argument("--model", dest="model_flag", metavar="MODEL_OR_STORE",
+                   help="the same, as a flag (as in mlx_lm generate; -m is --max-tokens there and here)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--prompt", "-p", help="prompt text ('-' reads stdin); the chat template applies if there is one")
+    g.add_argument("--prompt", "-p", help="prompt text ('-' reads stdin; default 'hello', as mlx_lm generate); "
+                                         "the chat template applies if there is one")
     g.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, used as they are")
-    p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--trace", help="write a Parquet trace here")
     p.add_argument("--trace-moe-input", action="store_true", help="also record MoE inputs (lookahead analysis)")
     p.add_argument("--trace-io", action="store_true", help="also record the I/O event table")
@@ -336,7 +374,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("demo", help="the main job on the shipped reference model, then a report")
-    p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--out", default="reports/demo")
     p.add_argument("--no-report", action="store_true")
     add_generation_args(p)

@@ -215,10 +215,11 @@ class Engine(SpeculativeMixin):
 
     # ---- calls: each makes a Run ---------------------------------------------------------
     def generate(self, prompt, max_tokens=32, trace=None, progress=None, stop_at_eos=False, sampler=None,
-                 eos_token_ids=None) -> Result:
+                 eos_token_ids=None, on_token=None) -> Result:
         """Generate after ``prompt`` (text or ids), ordered as mlx-lm's generate_step: greedy, or
         ``sampler(logprobs)`` once per token (e.g. mlx-lm's make_sampler). Stops at
-        ``eos_token_ids`` (or the tokenizer's EOS ids with ``stop_at_eos``)."""
+        ``eos_token_ids`` (or the tokenizer's EOS ids with ``stop_at_eos``). ``on_token(token)`` is
+        called as each token is out (``workbench run`` streams the text through it)."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         ids = self.encode(prompt)
@@ -228,7 +229,7 @@ class Engine(SpeculativeMixin):
         run = Run(self, ids, max_tokens, trace, sampler)
         bar = tqdm(total=max_tokens, desc="decode", unit="tok", disable=not (self.progress if progress is None else progress))
         try:
-            logits, tokens, times, residency = run.generate(bar, eos)
+            logits, tokens, times, residency = run.generate(bar, eos, on_token)
         finally:
             bar.close()
             run.close()

@@ -61,9 +61,9 @@ class Run:
         self.ahead = None  # greedy optimistic decode: the next token's pass, launched before this one settles
 
     # ---- the decode loop ---------------------------------------------------------------
-    def generate(self, bar, eos) -> tuple:
-        """Prefill, then decode up to ``max_step`` tokens (stopping after one in ``eos``):
-        (last logits, tokens, step times, residency hash)."""
+    def generate(self, bar, eos, on_token=None) -> tuple:
+        """Prefill, then decode up to ``max_step`` tokens (stopping after one in ``eos``), calling
+        ``on_token(token)`` as each is out: (last logits, tokens, step times, residency hash)."""
         residency = hashlib.sha256()
         tokens, times = [], []
         if len(self.prompt) > 1:  # prefill: every prompt token but the last, in one pass
@@ -79,6 +79,8 @@ class Run:
             if self.engine.hooks.active:
                 self.engine.hooks.fire("token.end", token, step=self.step, counters=self.counters.rows)
             bar.update(1)
+            if on_token is not None:
+                on_token(token)
             if token in eos:
                 break
         return logits, tokens, times, residency.hexdigest()
