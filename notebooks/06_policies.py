@@ -107,6 +107,7 @@ from workbench.analysis.workload import notebook_workload, replay_ci
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
 rep = replay_ci(w.traces(), policies=POLICIES[:3] if small else POLICIES, arenas=(0.1, 0.176, 0.25, 0.5))
 wb.show(charts.interval_chart(rep, "arena", "hit_rate", color="policy", y_format="%",
+                              x_title="arena, share of routed experts (share)",
                               title="Replay hit rate over the workload (decode rows)"), "replay_workload")
 at = rep[np.isclose(rep["arena"].astype(float), 0.25)]
 top = at.loc[at["hit_rate"].idxmax()]

@@ -311,11 +311,28 @@ def test_cli_seed_matches_mlx_lm_generate(draft, capsys, monkeypatch):
     assert greedy == 0 and json.loads(capsys.readouterr().out)["text"] != out["text"]  # sampling mattered
 
 
-def test_demo_streams_the_reference_model(capsys):
-    """The README's first command, without its report: the demo's run path (it builds its own arguments)."""
-    assert main(["demo", "--no-report", "--max-tokens", "3"]) == 0
-    out = capsys.readouterr().out
-    assert "demo: streaming" in out and "prompt:" in out
+@needs_reference
+def test_demo_makes_its_case(capsys, tmp_path):
+    """The README's first command, without its report: the streamed text, resident mlx-lm's tokens
+    equal to it, the arena table (every run equal to mlx-lm) and its chart."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--no-report", "--max-tokens", "6", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "equal to the streamed ones" in text and "Generation: 6 tokens" in text
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("100%", "25%", "10%"))]
+    assert len(rows) == 6 and all(r[-1] == "yes" for r in rows)
+    assert (tmp_path / "demo_arenas.svg").read_text().startswith("<svg")
+
+
+@needs_reference
+def test_demo_prompt_is_whole_lines_and_does_not_loop():
+    from workbench.demo import demo_prompt
+
+    prompt = demo_prompt()
+    assert prompt.endswith("\n")
+    with Engine.open(REFERENCE, arena="100%", progress=False) as eng:
+        res = eng.generate(prompt, max_tokens=48)
+    assert len(set(res.tokens)) >= 24 and not res.text.startswith(prompt.splitlines()[-1])
 
 
 def test_defaults_and_dash_m_are_mlx_lm_generates(capsys):

@@ -16,7 +16,8 @@ import pytest
 
 from workbench import report
 from workbench.viz.render import spec_rows
-from workbench.viz.units import axes_without_unit
+from workbench.viz.palette import MIN_CONTRAST, contrast
+from workbench.viz.units import axes_without_unit, field_titled_axes
 
 NB_DIR = report.NOTEBOOK_DIR
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -79,6 +80,8 @@ def test_notebook_charts_have_data(small_report, name):
         assert c["rows"] > 0 and spec_rows(spec["spec"]) == c["rows"], f"{name}/{c['name']} has no data"
         assert spec["title"], f"{name}/{c['name']} has no title"
         assert axes_without_unit(spec["spec"]) == [], f"{name}/{c['name']}: axes without a unit"
+        assert field_titled_axes(spec["spec"]) == [], f"{name}/{c['name']}: an axis titled by a field name"
+        assert close_series(spec["spec"]) == [], f"{name}/{c['name']}: series too alike in colour"
         assert (out / c["png"]).read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / c["svg"]).read_text()[:500]
         json.loads((out / c["spec"]).read_text())
@@ -87,6 +90,20 @@ def test_notebook_charts_have_data(small_report, name):
     page = (out / res.page).read_text()
     assert report.find_remote_refs(page) == []
     assert "Traceback" not in page and "Error loading script" not in page
+
+
+def close_series(spec) -> list:
+    """Pairs of one colour scale's series whose colours differ by less than MIN_CONTRAST."""
+    from workbench.viz.render import spec_nodes
+
+    close = []
+    for node in spec_nodes(spec):
+        scale = (node.get("encoding", {}).get("color") or {}).get("scale") or {}
+        domain, colours = scale.get("domain") or [], scale.get("range") or []
+        if isinstance(colours, list) and len(domain) <= 10:
+            pairs = list(zip(domain, colours))
+            close += [(a, b) for i, (a, ca) in enumerate(pairs) for b, cb in pairs[i + 1:] if contrast(ca, cb) < MIN_CONTRAST]
+    return close
 
 
 def test_index_shows_every_headline(small_report):

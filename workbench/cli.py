@@ -306,24 +306,57 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _share(arena: str) -> str:
+    """An --arena value as a user reads it: 0.25 -> 25%."""
+    try:
+        return f"{float(arena):.0%}"
+    except ValueError:
+        return arena
+
+
 def cmd_demo(args) -> int:
-    from .data import default_model, workload
+    """The case in a minute (``workbench.demo``): a held-out prompt streamed through a 25% arena, equal
+    to resident mlx-lm; the same prompt over arenas with and without read-ahead; then the report."""
+    from pathlib import Path
+
+    from . import demo
+    from . import generate as gen
+    from .data import default_model
+    from .store.cache import resolve_store
+    from .viz.render import save_chart
 
     model = default_model()
     if not args.no_report:
         from .report import check_out
 
         check_out(args.out)  # refuse a directory the report may not replace before running anything
-    try:
-        prompt = workload("code_heldout")[0]["text"]
-    except ValueError:
-        prompt = [1, 2, 3, 4, 5, 6, 7, 8]
-    args.model, args.model_flag = str(model), None
-    args.prompt, args.prompt_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+    prompt = demo.demo_prompt()
+    args.model, args.model_flag, args.prompt, args.prompt_ids = str(model), None, prompt, None
     args.json, args.trace, args.trace_moe_input, args.trace_io = False, None, False, False
-    print(f"demo: streaming {model} with a {args.arena} arena")
-    print(f"prompt:\n{prompt}" if isinstance(prompt, str) else f"prompt ids: {prompt}")
+    tail = "\n".join(prompt.rstrip("\n").splitlines()[-6:])
+    print(f"demo: {model}, prompt: the held-out file {demo.PROMPT[1]} (its last lines):\n{tail}\n")
+    print(f"1. streamed through a {_share(args.arena)} arena (workbench run):")
     rc = cmd_run(args)
+    store = resolve_store(model, progress=False)
+    with open_engine(args, progress=False) as eng:
+        tok = eng.tokenizer
+        ids, _ = prompt_ids(args, eng, tok)
+        eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)
+        streamed = eng.generate(ids, max_tokens=args.max_tokens, eos_token_ids=eos, progress=False).tokens
+    reference = demo.resident_tokens(model, ids, args.max_tokens)
+    same = "equal" if streamed == reference else "DIFFERENT (a bug: please report it)"
+    print(f"\n   resident mlx-lm (generate_step, all weights in memory), same prompt: {len(reference)} tokens, "
+          f"{same} to the streamed ones")
+    print("\n2. the same prompt at 100%, 25% and 10% arenas, without and with read-ahead (one run each):")
+    runs = demo.arena_runs(store, ids, args.max_tokens, reference, eos=eos)
+    print(demo.table_text(runs))
+    print("   (this store is small: its reads come from the OS page cache here; with a model larger than RAM each MB "
+          "read per token is an SSD read, notebook 07 measures that path)")
+    chart = Path(args.out).with_name(Path(args.out).name + "_arenas")
+    saved = save_chart(demo.demo_chart(runs), chart)
+    print(f"   chart: {', '.join(map(str, saved))}")
+    if not runs["equals mlx-lm"].all() or streamed != reference:
+        rc = 1
     if rc == 0 and not args.no_report:
         from .report import build_report
 
@@ -331,7 +364,7 @@ def cmd_demo(args) -> int:
         if not out.published:
             print(f"demo: every report notebook failed; {out} was left as it was", file=sys.stderr)
             return 1
-        print(f"report: {out}/index.html (built with the reduced 'small' preset: its numbers check that "
+        print(f"\n3. the report: {out}/index.html (built with the reduced 'small' preset: its numbers check that "
               "everything runs, they are not the measurements; the full report: workbench report --params full)")
     return rc
 
@@ -378,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-report", action="store_true")
     add_generation_args(p)
     add_engine_args(p)
-    p.set_defaults(func=cmd_demo, raw_prompt=True)
+    p.set_defaults(func=cmd_demo, raw_prompt=True, max_tokens=48)
 
     for name in SUBCOMMAND_MODULES:
         try:

@@ -200,7 +200,9 @@ def precision_chart(table: pd.DataFrame) -> alt.Chart:
         y=alt.Y("precision:Q", title="precision: candidates claimed (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("source:N", scale=sc, title="predictor source"),
         tooltip=["source", "rank", alt.Tooltip("precision:Q", format=".1%"), "n"])
-    err = alt.Chart(t).mark_errorbar().encode(x="rank:O", y="ci_lo:Q", y2="ci_hi:Q", color=alt.Color("source:N", scale=sc))
+    err = alt.Chart(t).mark_errorbar().encode(x=alt.X("rank:O", title="candidate rank (1 = best)"),
+                                              y=alt.Y("ci_lo:Q", title="precision: candidates claimed (%)"), y2="ci_hi:Q",
+                                              color=alt.Color("source:N", scale=sc))
     return alt.layer(err, pts).properties(width=380, height=240, title=_title("Predictor precision by rank", "bars: Wilson 95%"))
 
 
@@ -261,12 +263,12 @@ def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
 # --------------------------------------------------------------------------- intervals over a workload
 def interval_chart(table: pd.DataFrame, x: str, y: str, color: str | None = None, title: str = "",
                    subtitle: str | None = None, y_title: str | None = None, seed=None,
-                   y_format: str | None = None) -> alt.Chart:
+                   y_format: str | None = None, x_title: str | None = None) -> alt.Chart:
     """Estimate ``y`` with its 95% interval (columns low, high) per ``x`` (ordinal), one colour per
     ``color``, side by side; ``seed`` (a column, or a list: a range's ends) is drawn as black ticks."""
     t = table.copy()
     t[x] = t[x].astype(str)
-    enc_x = alt.X(f"{x}:N", title=x.replace("_", " "), sort=list(dict.fromkeys(t[x])), axis=alt.Axis(labelAngle=0))
+    enc_x = alt.X(f"{x}:N", title=x_title or x.replace("_", " "), sort=list(dict.fromkeys(t[x])), axis=alt.Axis(labelAngle=0))
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
     enc = dict(x=enc_x)
     if color:
@@ -315,12 +317,14 @@ def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) 
     t = table[(table["metric"] == metric) & ~table["policy"].str.contains(" - ")].copy()
     dom = list(dict.fromkeys(t["policy"]))
     sc = color_scale(dom)
-    x = alt.X("arena:Q", title="arena, share of routed experts (%)", axis=alt.Axis(format="%"))
+    x = alt.X("arena:Q", title="arena, share of routed experts (%)", axis=alt.Axis(format="%"),
+              scale=alt.Scale(domain=[0, float(t["arena"].max()) * 1.15], nice=False))  # no point on the edge
     line = alt.Chart(t).mark_line(point=True).encode(
         x=x, y=alt.Y("value:Q", title=y_title), color=alt.Color("policy:N", scale=sc, sort=dom),
         tooltip=["policy", alt.Tooltip("arena:Q", format=".0%"), alt.Tooltip("value:Q", format=".3f"),
                  alt.Tooltip("low:Q", format=".3f"), alt.Tooltip("high:Q", format=".3f"), "n_prompts"])
-    err = alt.Chart(t).mark_errorbar(ticks=True).encode(x=x, y="low:Q", y2="high:Q", color=alt.Color("policy:N", scale=sc))
+    err = alt.Chart(t).mark_errorbar(ticks=True).encode(x=x, y=alt.Y("low:Q", title=y_title), y2="high:Q",
+                                                        color=alt.Color("policy:N", scale=sc))
     return alt.layer(err, line).properties(width=340, height=220, title=_title(title, "bars: 95% bootstrap interval over prompts"))
 
 
@@ -329,7 +333,10 @@ def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
     x = alt.X("arena_gb:Q", title="arena (GB)")
     tip = ["arena", "arena_slots", alt.Tooltip("arena_gb:Q", format=".3f"), alt.Tooltip("tokens_per_s:Q", format=".1f"),
            alt.Tooltip("hit_rate:Q", format=".1%"), alt.Tooltip("peak_memory_gb:Q", format=".3f")]
-    base = alt.Chart(table).mark_line(point=True, color=PALETTE[0]).encode(x=x, tooltip=tip)
+    few = len(table) < 3  # two sizes draw a straight line between two runs: show the runs only
+    mark = alt.Chart(table).mark_point(filled=True, size=60, color=PALETTE[0]) if few else \
+        alt.Chart(table).mark_line(point=True, color=PALETTE[0])
+    base = mark.encode(x=x, tooltip=tip)
     return alt.hconcat(
         base.encode(y=alt.Y("tokens_per_s:Q", title="decode speed (tokens/s)")).properties(width=200, height=160,
                                                                                   title="Speed"),
@@ -338,7 +345,9 @@ def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
         base.encode(y=alt.Y("peak_memory_gb:Q", title="peak MLX memory (GB)")).properties(
             width=200, height=160, title="Peak memory"),
     ).properties(title=_title("Fit my machine: what an arena of each size costs and buys",
-                              "one run per size; the model's non-expert weights stay resident as well"))
+                              ["one run per size; the model's non-expert weights stay resident as well"]
+                              + ([f"only {len(table)} sizes and {int(table['tokens'].max())} tokens each (a reduced "
+                                  "run): this checks the code runs, it measures no trend"] if few else [])))
 
 
 # --------------------------------------------------------------------------- read path
