@@ -46,16 +46,15 @@ from workbench.viz import charts
 from workbench.viz import controls as ui
 from workbench.viz import display as wb
 from workbench.viz.headline import headline
+from workbench.viz.tables import verdict_totals
 from workbench.viz.panel import panel
 
 wb.setup()
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
 ledger, tables = workload_ledger(w, live=live and not small, cosine_layers=2 if small else max_layers,
                                  readpath_repeats=2 if small else 5, progress=not wb.is_static())
-counts = ledger["verdict"].value_counts().to_dict()
-print(f"model: {w.model}; {len(w.runs)} prompts; " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-headline("Which of the seed's claims reproduce on our model?",
-         f"{counts.get('reproduced', 0)} of {sum(counts.values())} claims reproduced, {counts.get('differs', 0)} differ",
+print(f"model: {w.model}; {len(w.runs)} prompts")
+headline("Which of the seed's claims reproduce on our model?", verdict_totals(ledger["verdict"]),
          "a claim reproduces when the seed's value lies in our 95% interval (or within a stated tolerance for "
          "arithmetic on the seed's own table); another model, so 'differs' is a finding, not a failure",
          uncertainty=f"{len(w.runs)} workload prompts")

@@ -78,3 +78,26 @@ def test_workload_measurements_name_the_method():
     led = build_ledger(m)
     assert _row(led, "union.g2")["verdict"] == "differs" and _row(led, "lookahead.d2")["verdict"] == "reproduced"
     assert _row(led, "bounds.lru")["method"] == "single value (no interval)"
+
+
+def test_ledger_table_has_a_header_whole_claims_and_the_verdict_apart():
+    from workbench.viz.tables import ledger_table, verdict_totals
+
+    nan = float("nan")
+    claim = "Router lookahead recovers most of the next layer's top-k experts when read one layer ahead of time"
+    rows = [dict(id="lookahead.d1", claim=claim, seed=0.785, seed_low=0.785, seed_high=0.785, ours=0.77, low=0.76,
+                 high=0.79, n=8, method="decode", rule="seed inside our 95% interval", verdict="reproduced"),
+            dict(id="x@seed", claim="short", seed=1.0, seed_low=0.9, seed_high=1.1, ours=nan, low=nan, high=nan, n=0,
+                 method="-", rule="tolerance 0.01", verdict="not measured")]
+    text = ledger_table(rows, width=40)
+    lines = text.splitlines()
+    assert lines[0].split() == ["id", "claim", "seed", "ours", "95%", "interval", "n", "verdict"]
+    assert " ".join(" ".join(lines).split()).count(claim) == 0  # wrapped over lines...
+    words = [w for line in lines for w in line.split()]
+    assert all(w in words for w in claim.split())  # ...but whole
+    first = next(line for line in lines if line.startswith("lookahead.d1"))
+    assert first.rstrip().endswith("reproduced") and "rule:" not in first
+    assert any(line.strip().startswith("rule: seed inside our 95% interval") for line in lines)
+    assert "0.9..1.1" in text and all(len(line) <= 120 for line in lines)
+    assert verdict_totals(["reproduced", "differs", "differs", "not measured"]) == \
+        "1 of 4 claims reproduced, 2 differ, 1 not measured"

@@ -64,3 +64,41 @@ def summary_table(s: dict) -> str:
                            f"{pre['bytes_read'] / 1e6:.2f} MB"))
     rows.append(("residency hash", s["residency_hash"]))
     return aligned(rows)
+
+
+def verdict_totals(verdicts) -> str:
+    """The ledger's totals, worded once for the command line and the report's index:
+    "14 of 57 claims reproduced, 35 differ, 8 not measured"."""
+    counts = {}
+    for v in verdicts:
+        counts[v] = counts.get(v, 0) + 1
+    rest = [f"{n} {'differ' if v == 'differs' else v}" for v, n in sorted(counts.items()) if v != "reproduced"]
+    return ", ".join([f"{counts.get('reproduced', 0)} of {sum(counts.values())} claims reproduced"] + rest)
+
+
+def ledger_table(rows, width: int = 44) -> str:
+    """Ledger rows (dicts with id, claim, seed, seed_low, seed_high, ours, low, high, n, method, rule,
+    verdict) as a text table with a header: the claim wrapped whole, the verdict in its own column,
+    the rule and method on a line of their own under the claim (they say how the verdict was reached)."""
+    import math
+    import textwrap
+
+    def num(x):
+        return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4g}"
+
+    head = ("id", "claim", "seed", "ours", "95% interval", "n", "verdict")
+    cells = []
+    for r in rows:
+        seed = num(r["seed"]) if r["seed_low"] == r["seed_high"] else f"{num(r['seed_low'])}..{num(r['seed_high'])}"
+        iv = "-" if num(r["low"]) == "-" else f"[{num(r['low'])}, {num(r['high'])}]"
+        cells.append((r["id"], textwrap.wrap(r["claim"], width) or [""], seed, num(r["ours"]), iv,
+                      "-" if iv == "-" else str(r["n"]), r["verdict"],
+                      textwrap.wrap(f"rule: {r['rule']}; method: {r['method']}", width)))
+    w = [max([len(head[i])] + [len(c[i]) for c in cells]) for i in (0, 2, 3, 4, 5)]
+    line = lambda a, b, c, d, e, f, g: (f"{a:<{w[0]}}  {b:<{width}}  {c:<{w[1]}}  {d:>{w[2]}}  {e:<{w[3]}}  "  # noqa: E731
+                                        f"{f:>{w[4]}}  {g}").rstrip()
+    out = [line(*head), line(*("-" * len(h) if i != 1 else "-" * width for i, h in enumerate(head)))]
+    for ident, claim, seed, ours, iv, n, verdict, how in cells:
+        out.append(line(ident, claim[0], seed, ours, iv, n, verdict))
+        out += [line("", more, "", "", "", "", "") for more in claim[1:] + how]
+    return "\n".join(out)
