@@ -151,11 +151,10 @@ def cmd_pack(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from .fsutil import cache_dir
     from .store.cache import list_stores, remove_store, stores_dir
 
     if args.action == "path":
-        print(cache_dir())
+        print(stores_dir())  # where the stores are ($WORKBENCH_CACHE/stores)
         return 0
     if args.action == "list":
         rows = list_stores()
@@ -397,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     p.set_defaults(func=cmd_run, raw_prompt=False)
 
-    p = sub.add_parser("cache", help="the store cache: list | rm NAME... | path",
+    p = sub.add_parser("cache", help="the store cache: list | rm NAME... | path (of the stores folder)",
                        description="Stores packed by `workbench run MODEL_DIR` live in $WORKBENCH_CACHE/stores "
                                    "(default ~/.cache/workbench).")
     p.add_argument("action", choices=("list", "rm", "path"))
