@@ -427,3 +427,29 @@ def test_counter_lines_add_up(capsys):
     assert arena + ahead + demand == lookups and ahead > 0
     rate = float(re.search(r"^hit rate\s+([\d.]+)%", out, re.M).group(1))
     assert abs(rate - 100 * (arena + ahead) / lookups) < 0.06
+
+
+@needs_reference
+@pytest.mark.parametrize("flags", [["--kv-bits", "4", "--quantized-kv-start", "110"], ["--max-kv-size", "64"],
+                                   ["--prefill-step-size", "16"], ["--kv-bits", "8", "--kv-group-size", "32",
+                                                                   "--quantized-kv-start", "0", "--prefill-step-size", "30"]],
+                         ids=["kv-bits", "max-kv-size", "prefill-step", "all"])
+def test_kv_flags_as_mlx_lm_generate(flags, capsys, monkeypatch):
+    """--max-kv-size, --kv-bits/--kv-group-size/--quantized-kv-start and --prefill-step-size through
+    mlx-lm's own cache classes: the same text as `mlx_lm generate` with the same flags."""
+    from workbench.demo import demo_prompt
+
+    argv = ["-p", demo_prompt(), "-m", "40", "--verbose", "F"] + flags  # 100 prompt tokens
+    expected = _mlx_lm_generate(monkeypatch, capsys, argv)
+    assert main(["run", str(REFERENCE), "--arena", "0.25", "--json"] + argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] + "\n" == expected and len(out["tokens"]) == 40
+    if "--kv-bits" in flags or "--max-kv-size" in flags:  # the cache changed the numbers: the flags were used
+        from workbench.cli import build_parser, kv_config
+
+        kv = kv_config(build_parser().parse_args(["run"] + flags))
+        logprobs = []
+        for config in (kv, None):
+            with Engine.open(REFERENCE, arena="25%", progress=False, **({"kv": config} if config else {})) as eng:
+                logprobs.append(eng.generate(demo_prompt(), max_tokens=12).logprobs)
+        assert not np.allclose(*logprobs, atol=1e-6)

@@ -139,7 +139,16 @@ def engine_config(args) -> dict:
     if getattr(args, "max_tokens", None) is not None:
         whole("--max-tokens", args.max_tokens, 1)
     return dict(arena=arena_config(args, writes=args.slot_writes), io=io_config(args, args.verify),
-                ahead=ahead_config(args), device=args.device, decode=args.decode, seed=getattr(args, "seed", None))
+                ahead=ahead_config(args), device=args.device, decode=args.decode, seed=getattr(args, "seed", None),
+                kv=kv_config(args))
+
+
+def kv_config(args):
+    """The KVConfig of --max-kv-size, --kv-bits, --kv-group-size, --quantized-kv-start, --prefill-step-size."""
+    from .config import KVConfig
+
+    return KVConfig(max_size=args.max_kv_size, bits=args.kv_bits, group_size=args.kv_group_size,
+                    quantized_start=args.quantized_kv_start, prefill_step=args.prefill_step_size)
 
 
 def cmd_pack(args) -> int:
@@ -216,6 +225,14 @@ def add_generation_args(p):
     g.add_argument("--extra-eos-token", nargs="+", default=(), help="more tokens (strings or ids) that stop generation")
     g.add_argument("--verbose", type=str2bool, default=True,
                    help="True (default): stream the text, then the summary and counters; False or F: only the text")
+    g.add_argument("--max-kv-size", type=int, default=None,
+                   help="most KV cache entries (a rotating cache keeping the first 4); tokens then run layer by layer")
+    g.add_argument("--kv-bits", type=int, default=None, help="quantize the KV cache to this many bits (default: not); "
+                                                             "tokens then run layer by layer")
+    g.add_argument("--kv-group-size", type=int, default=64, help="group size of KV cache quantization (default 64)")
+    g.add_argument("--quantized-kv-start", type=int, default=5000,
+                   help="with --kv-bits: quantize once the cache holds this many entries (default 5000)")
+    g.add_argument("--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill pass (default 2048)")
     g.add_argument("--draft-model", default=None, help="mlx-lm model directory (or cached HF repo id) to draft with")
     g.add_argument("--num-draft-tokens", type=int, default=3, help="tokens drafted per verify pass")
     g.add_argument("--compare-plain", action="store_true",
