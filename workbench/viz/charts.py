@@ -8,6 +8,8 @@ Save with ``workbench.viz.render.save_chart``.
 
 from __future__ import annotations
 
+import textwrap
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -243,11 +245,11 @@ def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
     unmeasured rows omitted. 1 = the seed's value."""
     t = ledger.dropna(subset=["ours"]).copy()
     t = t[t["seed"] != 0]
-    t["row"] = t["id"] + " · " + t["method"].str.slice(0, 40)
+    t["row"] = t["id"] + " · " + t["method"].map(lambda m: textwrap.shorten(str(m), 44, placeholder=" …"))
     for c in ("ours", "low", "high"):
         t[f"{c}_ratio"] = t[c] / t["seed"]
     sc = color_scale(["reproduced", "differs"])
-    y = alt.Y("row:N", title="claim · method", sort=list(t["row"]))
+    y = alt.Y("row:N", title=None, sort=list(t["row"]))  # rows read "claim · method" (whole method in the tooltip)
     bars = alt.Chart(t).mark_rule().encode(y=y, x="low_ratio:Q", x2="high_ratio:Q",
                                            color=alt.Color("verdict:N", scale=sc, title="verdict"))
     dots = alt.Chart(t).mark_point(filled=True, size=60).encode(
@@ -330,7 +332,7 @@ def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) 
 
 def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
     """Tokens/s, hit rate and peak memory against the arena's size in GB (one point per run)."""
-    x = alt.X("arena_gb:Q", title="arena (GB)")
+    x = alt.X("arena_gb:Q", title="arena (GB)", scale=alt.Scale(padding=12))  # no run on the axis' edge
     tip = ["arena", "arena_slots", alt.Tooltip("arena_gb:Q", format=".3f"), alt.Tooltip("tokens_per_s:Q", format=".1f"),
            alt.Tooltip("hit_rate:Q", format=".1%"), alt.Tooltip("peak_memory_gb:Q", format=".3f")]
     few = len(table) < 3  # two sizes draw a straight line between two runs: show the runs only
@@ -351,17 +353,17 @@ def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
 
 
 # --------------------------------------------------------------------------- read path
-def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit", subtitle: str | None = None):
+def readpath_chart(table, title: str = "Read path: GB/s beside a sequential read", subtitle: str | None = None):
     """Bars of GB/s per method (threads on the axis), faceted by read mode and cache state."""
     t = table.copy()
     t["cache"] = t["cold"].map({True: "cold", False: "warm"})
     t["what"] = [f"{m} ×{th}" if m.startswith("store") else m for m, th in zip(t["method"], t["threads"])]
     t["what"] = t["what"].str.replace("store blobs (preadv into slots)", "store → slots", regex=False)
     t["panel"] = t["mode"] + ", " + t["cache"]
-    t["kind"] = ["sequential limit" if m == "sequential" else ("store → slots" if m.startswith("store") else "single copy")
+    t["kind"] = ["sequential read" if m == "sequential" else ("store → slots" if m.startswith("store") else "single copy")
                  for m in t["method"]]
     order = list(dict.fromkeys(t["what"]))
-    scale = color_scale(["sequential limit", "store → slots", "single copy"])
+    scale = color_scale(["sequential read", "store → slots", "single copy"])
     bars = alt.Chart(t).mark_bar().encode(
         y=alt.Y("what:N", sort=order, title=None),
         x=alt.X("gbps:Q", title="throughput (GB/s)"),
@@ -372,5 +374,6 @@ def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit"
     if "gbps_min" in t and (t["gbps_max"] > t["gbps_min"]).any():  # the spread of the repeats
         bars = bars + alt.Chart(t).mark_rule(color="black").encode(
             y=alt.Y("what:N", sort=order), x="gbps_min:Q", x2="gbps_max:Q")
-    return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).properties(
+    return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).resolve_scale(
+        x="independent").properties(  # warm reads (page cache) run 10x cold ones: each panel its own axis
         title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start"))

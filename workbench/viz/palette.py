@@ -37,7 +37,7 @@ NAMED = {
     "draft_model": "#4e79a7", "ngram": "#f28e2b", "self_draft": "#e15759",
     # arena lookups, read-path methods, verdicts, booleans
     "hits": "#59a14f", "misses": "#e15759",
-    "sequential limit": "#bab0ac", "store → slots": "#4e79a7", "single copy": "#f28e2b",
+    "sequential read": "#bab0ac", "store → slots": "#4e79a7", "single copy": "#f28e2b",
     "matches": "#59a14f", "differs": "#e15759",
     "False": "#4e79a7", "True": "#f28e2b",
     # prefetch outcome classes
