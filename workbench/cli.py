@@ -256,12 +256,17 @@ def prompt_ids(args, eng, tok):
 
 
 def cmd_run(args) -> int:
+    run_and_print(args)
+    return 0
+
+
+def run_and_print(args):
+    """``workbench run``: generate and print as ``mlx_lm generate`` does; returns (tokens, prompt ids)."""
     from . import generate as gen
     from .data import default_model
     from .store.cache import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
-    from .viz.tables import speculative_table, summary_table
 
     name = args.model_flag or args.model or str(default_model())
     if args.model_flag and args.model and args.model_flag != args.model:
@@ -306,20 +311,28 @@ def cmd_run(args) -> int:
         print(json.dumps({"tokens": res.tokens, "text": text, "stats": stats, "timing": timing.as_dict(),
                           "finish_reason": "stop" if res.tokens and res.tokens[-1] in eos else "length",
                           "config": config}))
-        return 0
-    if not args.verbose:  # mlx_lm generate --verbose False prints the response only
+    elif not args.verbose:  # mlx_lm generate --verbose False prints the response only
         print(text if text is not None else ",".join(map(str, res.tokens)))
-        return 0
-    if stream is not None:
+    else:
+        _print_summary(res, text, timing, stream is not None)
+    return res.tokens, ids
+
+
+def _print_summary(res, text, timing, streamed) -> None:
+    """After the streamed text: mlx-lm's summary lines (or its "No text generated"), then the counters."""
+    from . import generate as gen
+    from .viz.tables import speculative_table, summary_table
+
+    stats = res.stats
+    if streamed:
         print()
         print("=" * 10)
     else:
         print(f"tokens: {res.tokens} (this store has no tokenizer)")
-    print(gen.NO_TEXT if stream is not None and not text else timing.summary())
+    print(gen.NO_TEXT if streamed and not text else timing.summary())
     print(summary_table(stats))
     if "speculative" in stats:
         print(speculative_table(stats))
-    return 0
 
 
 def _share(arena: str) -> str:
@@ -336,7 +349,6 @@ def cmd_demo(args) -> int:
     from pathlib import Path
 
     from . import demo
-    from . import generate as gen
     from .data import default_model
     from .store.cache import resolve_store
     from .viz.render import save_chart
@@ -352,27 +364,20 @@ def cmd_demo(args) -> int:
     tail = "\n".join(prompt.rstrip("\n").splitlines()[-6:])
     print(f"demo: {model}, prompt: the held-out file {demo.PROMPT[1]} (its last lines):\n{tail}\n")
     print(f"1. streamed through a {_share(args.arena)} arena (workbench run):")
-    rc = cmd_run(args)
-    store = resolve_store(model, progress=False)
-    with open_engine(args, progress=False) as eng:
-        tok = eng.tokenizer
-        ids, _ = prompt_ids(args, eng, tok)
-        eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)
-        streamed = eng.generate(ids, max_tokens=args.max_tokens, eos_token_ids=eos, progress=False).tokens
+    streamed, ids = run_and_print(args)
     reference = demo.resident_tokens(model, ids, args.max_tokens)
     same = "equal" if streamed == reference else "DIFFERENT (a bug: please report it)"
     print(f"\n   resident mlx-lm (generate_step, all weights in memory), same prompt: {len(reference)} tokens, "
           f"{same} to the streamed ones")
     print("\n2. the same prompt at 100%, 25% and 10% arenas, without and with read-ahead (one run each):")
-    runs = demo.arena_runs(store, ids, args.max_tokens, reference, eos=eos)
+    runs = demo.arena_runs(resolve_store(model, progress=False), ids, args.max_tokens, reference)
     print(demo.table_text(runs))
     print("   (this store is small: its reads come from the OS page cache here; with a model larger than RAM each MB "
           "read per token is an SSD read, notebook 07 measures that path)")
     chart = Path(args.out).with_name(Path(args.out).name + "_arenas")
     saved = save_chart(demo.demo_chart(runs), chart)
     print(f"   chart: {', '.join(map(str, saved))}")
-    if not runs["equals mlx-lm"].all() or streamed != reference:
-        rc = 1
+    rc = 0 if runs["equals mlx-lm"].all() and streamed == reference else 1
     if rc == 0 and not args.no_report:
         from .report import build_report
 
