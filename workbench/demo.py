@@ -47,17 +47,17 @@ def resident_tokens(model_dir, ids, max_tokens) -> list[int]:
     return out
 
 
-def arena_runs(store, ids, max_tokens, reference, arenas=ARENAS, eos=()) -> pd.DataFrame:
+def arena_runs(store, ids, max_tokens, reference, arenas=ARENAS) -> pd.DataFrame:
     """One greedy run per arena and read-ahead setting: tokens/s (of the run's median token, steadier
     on a busy machine than the mean), MB read per token, hit rate (the counters repeat from run to
-    run), and whether the tokens equal ``reference`` (resident mlx-lm's)."""
+    run), and whether the tokens (up to the tokenizer's EOS) equal ``reference`` (resident mlx-lm's)."""
     with Engine(store, arena="100%", progress=False) as eng:  # warm-up: a process's first run loads kernels
         eng.generate(ids, max_tokens=2, progress=False)
     rows = []
     for arena in arenas:
         for ahead_name, ahead in READ_AHEAD.items():
             with Engine(store, arena=ArenaConfig(arena), ahead=ahead, progress=False) as eng:
-                res = eng.generate(ids, max_tokens=max_tokens, eos_token_ids=eos, progress=False)
+                res = eng.generate(ids, max_tokens=max_tokens, stop_at_eos=True, progress=False)
             s = res.stats
             rows.append({"arena": arena, "read-ahead": ahead_name, "tokens/s": 1e3 / s["median_token_ms"],
                          "MB read per token": s["bytes_per_token"] / 1e6, "hit rate": s["hit_rate"],
