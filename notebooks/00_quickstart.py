@@ -111,5 +111,5 @@ from workbench.viz.charts import fit_chart
 
 fit = fit_table(model_dir, ids, arenas=("0.1", "1.0") if small else ("0.1", "0.25", "0.5", "1.0"),
                 max_tokens=4 if small else max_tokens, policy=policy)
-wb.table(fit, caption="one run per arena size (tokens/s varies from run to run; hit rate and memory repeat)")
+wb.show_table(fit, caption="one run per arena size (tokens/s varies from run to run; hit rate and memory repeat)")
 wb.show(fit_chart(fit), "fit_my_machine")

@@ -170,7 +170,7 @@ from workbench.viz import charts
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
 strata = strata_table(strata_runs(w, max_tokens=4 if small else strata_tokens, lookahead=lookahead,
                                   progress=not wb.is_static()))
-wb.table(strata_display(strata), f"Per decode token at 17.6% residency, {len(w.runs)} prompts")
+wb.show_table(strata_display(strata), f"Per decode token at 17.6% residency, {len(w.runs)} prompts")
 
 # %%
 shares = strata[strata["quantity"].isin(["arena hit share", "prefetch hit share", "sync miss share",

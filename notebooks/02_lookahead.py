@@ -55,8 +55,8 @@ print(f"model: {run.model}; trace: {len(run.trace.decode())} decode rows, top-{k
 
 # %%
 table = lookahead_recovery(run.trace, routers, distances=range(1, max_distance + 1), k_extra=(k + k // 2, 2 * k))
-wb.table(lookahead_summary(table)[["source", "k_pred", "recovery", "recovery_min", "recovery_max", "layers"]],
-         "Mean recovery over layers (k_pred = candidates read per layer)")
+wb.show_table(lookahead_summary(table)[["source", "k_pred", "recovery", "recovery_min", "recovery_max", "layers"]],
+              "Mean recovery over layers (k_pred = candidates read per layer)")
 
 # %% [markdown]
 # ## Over the workload, teacher-forced and greedy, with 95% intervals
@@ -83,8 +83,8 @@ wb.show(charts.interval_chart(la, "source", "recovery", color="method", seed="se
                               title="Lookahead recovery over the workload"), "lookahead_workload")
 
 # %%
-wb.table(la[["method", "source", "recovery", "low", "high", "n_prompts", "seed"]],
-         "Mean recovery over layers (k' = k), 95% bootstrap interval over prompts")
+wb.show_table(la[["method", "source", "recovery", "low", "high", "n_prompts", "seed"]],
+              "Mean recovery over layers (k' = k), 95% bootstrap interval over prompts")
 best = la.sort_values("recovery", ascending=False).iloc[0]
 headline("How early can the next layers' experts be predicted?",
          f"{best['source']} recovers {best['recovery']:.1%} of the top-k ({best['method']})",
@@ -107,7 +107,7 @@ cal = held_out_calibration(w.by_domain("in-domain"), {**w.by_domain("held-out"),
 wb.show(charts.reliability_chart(cal["reliability"]), "calibration_reliability")
 
 # %%
-wb.table(cal["scores"], "Brier score per source on held-out prompts (fit on in-domain prompts only)")
+wb.show_table(cal["scores"], "Brier score per source on held-out prompts (fit on in-domain prompts only)")
 
 # %% [markdown]
 # ## Recovery by layer and by candidate budget (live)

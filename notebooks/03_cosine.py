@@ -52,8 +52,8 @@ print(f"model: {model_dir}; {len(grams)} MoE layers analysed")
 
 # %%
 summary = cosine_summary(grams, share=share)
-wb.table(summary[["layer", "n_experts", "mean_cosine", "min_cosine", "max_cosine", "resid_norm_share",
-                  "rank_for_share", "at_rank", "energy_at_rank"]], f"Per layer (rank for {share:.0%} of the energy)")
+wb.show_table(summary[["layer", "n_experts", "mean_cosine", "min_cosine", "max_cosine", "resid_norm_share",
+                       "rank_for_share", "at_rank", "energy_at_rank"]], f"Per layer (rank for {share:.0%} of the energy)")
 
 # %%
 wb.show(charts.cosine_chart(cosine_pairs(grams), summary), "cosine_histogram")
@@ -72,7 +72,7 @@ headline("How alike are a layer's experts (could they be compressed as a shared 
 # %%
 from workbench.analysis.cosine import cosine_ci
 
-wb.table(cosine_ci(summary), "Mean over layers, 95% bootstrap interval over layers")
+wb.show_table(cosine_ci(summary), "Mean over layers, 95% bootstrap interval over layers")
 
 # %% [markdown]
 # ## Energy vs rank (live)

@@ -53,7 +53,7 @@ print(f"model: {run.model}; top-{run.trace.top_k}; {len(run.trace.decode())} dec
 
 # %%
 slots = gate_by_slot(run.trace)
-wb.table(gate_slot_mean(slots), "Mean normalized gate weight by slot (mean over layers)")
+wb.show_table(gate_slot_mean(slots), "Mean normalized gate weight by slot (mean over layers)")
 
 # %% [markdown]
 # ## Over the workload, teacher-forced and greedy, with 95% intervals
@@ -85,8 +85,8 @@ wb.show(charts.interval_chart(dw, "kept weights", "rel_error", color="method", s
                               title="Drop-weakest block error over the workload"), "drop_weakest_workload")
 
 # %%
-wb.table(dw[["method", "kept weights", "rel_error", "low", "high", "n_prompts", "seed"]],
-         "Relative L2 error with the weakest expert dropped (mean over layers), 95% interval over prompts")
+wb.show_table(dw[["method", "kept weights", "rel_error", "low", "high", "n_prompts", "seed"]],
+              "Relative L2 error with the weakest expert dropped (mean over layers), 95% interval over prompts")
 r = dw.iloc[-1]
 headline("What does dropping the weakest routed expert cost?",
          f"{r['rel_error']:.1%} relative L2 error of the MoE block ({r['kept weights']}, {r['method']})",

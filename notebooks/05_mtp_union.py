@@ -71,9 +71,9 @@ wb.show(charts.speedup_chart(grid), "speedup_measured")
 
 # %%
 c, be = ceiling(measured, k), break_even(measured, k)
-wb.table(speedup_bound(measured, k, [0.6, 0.7, 0.8, 0.9, 0.95, 0.99]),
-         f"Best window per acceptance (measured union). Ceiling {c['speedup']:.3f}x at g={c['g']}; "
-         + (f"drafting pays above a = {be['acceptance']:.3f} (g={be['g']})" if be["g"] else "drafting never pays"))
+wb.show_table(speedup_bound(measured, k, [0.6, 0.7, 0.8, 0.9, 0.95, 0.99]),
+              f"Best window per acceptance (measured union). Ceiling {c['speedup']:.3f}x at g={c['g']}; "
+              + (f"drafting pays above a = {be['acceptance']:.3f} (g={be['g']})" if be["g"] else "drafting never pays"))
 
 # %% [markdown]
 # ## Over the workload, with 95% intervals, like for like
@@ -97,7 +97,7 @@ wb.show(charts.union_ci_chart(unions), "union_workload")
 from workbench.viz.headline import headline
 
 mtp = pd.concat([mtp_ci(u).assign(method=m) for m, u in unions.items()], ignore_index=True)
-wb.table(mtp, "Speedup bound quantities from our union table (g in {1,2,3,8}), 95% interval over prompts")
+wb.show_table(mtp, "Speedup bound quantities from our union table (g in {1,2,3,8}), 95% interval over prompts")
 q = mtp[mtp["method"] == "decode"].set_index("quantity")
 s90, be = q.loc["speedup@0.9"], q.loc["break_even"]
 pays = be["value"] == be["value"]  # NaN: no window ever pays
@@ -134,7 +134,6 @@ from workbench.analysis.drafters import self_draft_drafter, verify_union_cost
 from workbench.analysis._common import load_mlx_model
 from workbench.data import DRAFT
 from workbench.engine.engine import Engine
-from IPython.display import display
 import pandas as pd
 
 ids = list(run.result.prompt)
@@ -147,9 +146,9 @@ with Engine.open(run.model, arena="0.25", progress=False) as eng:
     drafters["self_draft"] = self_draft_drafter(eng)
     acc = acceptance_table(ids, target, drafters, g_values=(2, 4) if small else (2, 3, 4, 8))
     verify = [dict(g=g, **verify_union_cost(eng, ids, target[:g - 1])) for g in (1, 2, 4, 8)]
-display(wb.table(acc[["drafter", "g", "acceptance", "drafted_match", "tokens_per_pass"]],
-                 "Drafter acceptance against the target's greedy tokens"))
-wb.table(pd.DataFrame(verify), "One verify pass of g tokens (g-1 drafts + the current token) through the 25% arena")
+wb.show_table(acc[["drafter", "g", "acceptance", "drafted_match", "tokens_per_pass"]],
+              "Drafter acceptance against the target's greedy tokens")
+wb.show_table(pd.DataFrame(verify), "One verify pass of g tokens (g-1 drafts + the current token) through the 25% arena")
 
 # %% [markdown]
 # ## Typed-in union tables

@@ -94,9 +94,9 @@ wb.show(charts.hit_curve_chart(curves, x="arena_GB", y="hit_rate", color="policy
     title=charts._title("Hit rate vs arena size", ["decode requests replayed per policy; belady: offline optimum",
                                                    "knapsack: best static pinning, charged its cold misses"])),
     "hit_curves_policies")
-wb.table(pd.DataFrame([{"policy": name, "what it does": (cls.__doc__ or "").strip().splitlines()[0]}
-                       for name, cls in sorted(REGISTRY.items()) if name in POLICIES]),
-         caption="the policies compared (one line each, from their classes)")
+wb.show_table(pd.DataFrame([{"policy": name, "what it does": (cls.__doc__ or "").strip().splitlines()[0]}
+                            for name, cls in sorted(REGISTRY.items()) if name in POLICIES]),
+              caption="the policies compared (one line each, from their classes)")
 
 # %% [markdown]
 # ## Hit rate per policy and arena over the workload (replay, 95% intervals)
@@ -107,6 +107,7 @@ from workbench.analysis.workload import notebook_workload, replay_ci
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
 rep = replay_ci(w.traces(), policies=POLICIES[:3] if small else POLICIES, arenas=(0.1, 0.176, 0.25, 0.5))
 wb.show(charts.interval_chart(rep, "arena", "hit_rate", color="policy", y_format="%",
+                              x_title="arena, share of routed experts (share)",
                               title="Replay hit rate over the workload (decode rows)"), "replay_workload")
 at = rep[np.isclose(rep["arena"].astype(float), 0.25)]
 top = at.loc[at["hit_rate"].idxmax()]
@@ -139,8 +140,8 @@ wb.show(charts.policy_ci_chart(pol, "tokens_per_s", "Decode speed, LRU vs SLRU-c
 pol["value [95% interval]"] = with_interval_text(pol)
 print("seed's relative saving of SLRU-cold in bytes read: "
       + ", ".join(f"{gb} GB arena: {v:+.2%}" for gb, v in seed_slru_saving().items()))
-wb.table(pol.pivot(index=["metric", "arena"], columns="policy", values="value [95% interval]").reset_index(),
-         "LRU vs SLRU-cold over the workload (value [95% interval over prompts])")
+wb.show_table(pol.pivot(index=["metric", "arena"], columns="policy", values="value [95% interval]").reset_index(),
+              "LRU vs SLRU-cold over the workload (value [95% interval over prompts])")
 
 # %% [markdown]
 # ## Static pinning bound vs recency
@@ -154,8 +155,8 @@ side = kb.set_index("capacity")[["budget_bytes", "hit_rate", "keys_pinned"]].ren
     columns={"hit_rate": "static bound hit rate", "budget_bytes": "budget (bytes)"})
 side["LRU hit rate"] = lru
 side["arena share"] = side.index / n_routed
-wb.table(side.reset_index()[["arena share", "capacity", "budget (bytes)", "static bound hit rate", "LRU hit rate",
-                             "keys_pinned"]], "Static pinning bound vs LRU")
+wb.show_table(side.reset_index()[["arena share", "capacity", "budget (bytes)", "static bound hit rate", "LRU hit rate",
+                                  "keys_pinned"]], "Static pinning bound vs LRU")
 
 # %% [markdown]
 # ## Per-layer hit curves (LRU stack distances)
@@ -193,7 +194,7 @@ else:
         rows.append({"arena share": share, "capacity (slots)": cap, "requests": n,
                      "workbench LRU miss ratio": ours.misses / len(keys),
                      "libCacheSim LRU miss ratio": float(theirs[0] if isinstance(theirs, tuple) else theirs)})
-    display(wb.table(pd.DataFrame(rows), "LRU miss ratio: workbench replay vs libCacheSim (same request stream)"))
+    wb.show_table(pd.DataFrame(rows), "LRU miss ratio: workbench replay vs libCacheSim (same request stream)")
 
 # %% [markdown]
 # ## Live: one arena, all policies

@@ -62,7 +62,7 @@ from workbench.viz.panel import panel
 
 wb.setup()
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
-ledger, tables = workload_ledger(w, live=live, cosine_layers=2 if small else max_layers,
+ledger, tables = workload_ledger(w, live=live and not small, cosine_layers=2 if small else max_layers,
                                  strata_tokens=6 if small else None, readpath_repeats=2 if small else 5,
                                  progress=not wb.is_static())
 lengths = sorted(len(r.prompt_ids) for r in w.runs)
@@ -80,16 +80,16 @@ comparable = ledger[~ledger["verdict"].isin(["not comparable", "not measurable h
 for doc, what in DOCS.items():
     t = comparable[comparable["doc"] == doc]
     v = claim_verdicts(ledger[ledger["doc"] == doc]).value_counts().to_dict()
-    wb.table(t[cols], f"The {doc} document, {what}: {len(t)} rows; claims: "
-             + ", ".join(f"{n} {k}" for k, n in v.items()), precision=4)
+    wb.show_table(t[cols], f"The {doc} document, {what}: {len(t)} rows; claims: "
+                  + ", ".join(f"{n} {k}" for k, n in v.items()), precision=4)
 
 # %% [markdown]
 # ## Not comparable and not measurable here, apart
 
 # %%
 apart = ledger[ledger["verdict"].isin(["not comparable", "not measurable here"])]
-wb.table(apart[["doc", "id", "quantity", "seed", "ours", "verdict", "reason", "method"]],
-         f"{apart['id'].nunique()} claims ({len(apart)} rows) with no verdict on this model, and why", precision=4)
+wb.show_table(apart[["doc", "id", "quantity", "seed", "ours", "verdict", "reason", "method"]],
+              f"{apart['id'].nunique()} claims ({len(apart)} rows) with no verdict on this model, and why", precision=4)
 
 # %% [markdown]
 # ## Contrasts: the paired difference per prompt
@@ -111,8 +111,8 @@ wb.show(charts.ledger_chart(measured[measured["verdict"].isin(["reproduced", "di
 
 # %%
 seed_rows = ledger[ledger["measured_on"] != str(w.model)]
-wb.table(seed_rows[["id", "quantity", "seed", "ours", "method", "rule", "verdict", "note"]],
-         "Arithmetic on the seed's own numbers and constructed cases", precision=4)
+wb.show_table(seed_rows[["id", "quantity", "seed", "ours", "method", "rule", "verdict", "note"]],
+              "Arithmetic on the seed's own numbers and constructed cases", precision=4)
 
 # %% [markdown]
 # ## Live: filter by document, area and verdict

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
 
-os.environ.setdefault("WORKBENCH_CACHE", str(Path(__file__).resolve().parent.parent / ".cache" / "test-cache"))
+# The suite never touches the user's store cache or Jupyter/IPython state: an exported WORKBENCH_CACHE
+# is replaced by a folder of this session's own (notebook kernels and CLI subprocesses inherit it).
+SANDBOX = Path(tempfile.mkdtemp(prefix="workbench-tests-"))
+ISOLATED = {"WORKBENCH_CACHE": SANDBOX / "cache", "JUPYTER_RUNTIME_DIR": SANDBOX / "jupyter-runtime",
+            "IPYTHONDIR": SANDBOX / "ipython", "MPLCONFIGDIR": SANDBOX / "matplotlib"}
+os.environ.update({k: str(v) for k, v in ISOLATED.items()})
+atexit.register(shutil.rmtree, SANDBOX, True)
 
 # WORKBENCH_DEVICE=gpu runs the suite on MLX's GPU backend. Exactness there is "greedy tokens identical,
 # log-probs within TOL": GPU kernels are not bit-identical to each other (see bench/RESULTS.md for the

@@ -137,3 +137,24 @@ def test_read_path_table_reports_the_spread_of_repeats(tiny):
     _, store = tiny("qwen3_moe", 4)
     t = read_path_table(store, threads=(1,), modes=("buffered",), reps=2, progress=False)
     assert ((t.gbps_min <= t.gbps) & (t.gbps <= t.gbps_max)).all() and (t.gbps_min > 0).all()
+
+
+def test_missing_trace_columns_name_the_flag_that_records_them():
+    import pandas as pd
+    import pytest
+
+    from workbench.analysis._common import require_columns
+
+    with pytest.raises(ValueError, match=r"lacks; record it again: workbench run \.\.\. --trace FILE --trace-moe-input"):
+        require_columns(pd.DataFrame({"selected": [1]}), ["selected", "moe_input"], "lookahead recovery")
+    with pytest.raises(ValueError, match="--trace-moe-input"):
+        require_columns(pd.DataFrame({"moe_input": [None]}), ["moe_input"], "lookahead recovery")
+
+
+def test_compare_table_names_its_units():
+    from workbench.cli_policy import ROWS, table
+
+    stats = {k: 0 for k in ROWS if "." not in k}
+    stats.update(bytes_per_token=2.23e6, hit_rate=0.5, prefetch={k.split(".")[1]: 0 for k in ROWS if "." in k})
+    text = table([{"name": "a", **stats}])
+    assert "MB read per token" in text and "2.230" in text and "e+06" not in text and "hit rate (%)" in text

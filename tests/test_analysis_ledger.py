@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from workbench.analysis.ledger import (CLAIM_IDS, CLAIMS, DOCS, REGIME_FACTOR, VERDICTS, Measurement, build_ledger,
-                                       claim_verdicts, headline_counts, judge, ledger_text, lift, verdict,
+                                       claim_verdicts, headline_counts, judge, lift, verdict,
                                        workload_measurements)
 from workbench.analysis.tolerance import TOLERANCE, tolerance
 from workbench.analysis.uncertainty import prediction_interval
@@ -210,7 +210,9 @@ def test_workload_measurements_name_the_method():
     led = build_ledger(m)
     assert _row(led, "union.g2")["verdict"] == "differs" and _row(led, "lookahead.d2")["verdict"] == "reproduced"
     assert _row(led, "selfdraft.acceptance")["method"] == "single value (no interval)"
-    assert "lookahead.d1" in ledger_text(led) and len(ledger_text(led).splitlines()) == len(led)
+    from workbench.viz.tables import ledger_table
+
+    assert "lookahead.d1" in ledger_table(led.to_dict("records"))
 
 
 def test_constructed_model_rows_in_the_documents_regime_get_a_verdict():
@@ -225,3 +227,27 @@ def test_constructed_model_rows_in_the_documents_regime_get_a_verdict():
     assert list(rows["verdict"]) == ["not comparable", "reproduced"]  # ours first (the claim's verdict), then constructed
     assert "CONSTRUCTED random model" in rows["method"].iloc[1] and "ours 1.41" in rows["reason"].iloc[0]
     assert claim_verdicts(led)["strata.sync_miss_share"] == "not comparable"
+
+
+def test_ledger_table_has_a_header_whole_claims_and_the_verdict_apart():
+    from workbench.analysis.ledger import verdict_totals
+    from workbench.viz.tables import ledger_table
+
+    nan = float("nan")
+    claim = "Router lookahead recovers most of the next layer's top-k experts when read one layer ahead of time"
+    rows = [dict(id="lookahead.d1", claim=claim, seed=0.785, seed_low=0.785, seed_high=0.785, ours=0.77, low=0.76,
+                 high=0.79, n=8, method="decode", rule="seed inside our 95% interval", verdict="reproduced"),
+            dict(id="x@seed", claim="short", seed=1.0, seed_low=0.9, seed_high=1.1, ours=nan, low=nan, high=nan, n=0,
+                 method="-", rule="tolerance 0.01", verdict="not measured")]
+    text = ledger_table(rows, width=40)
+    lines = text.splitlines()
+    assert lines[0].split() == ["id", "claim", "seed", "ours", "95%", "interval", "n", "verdict"]
+    assert " ".join(" ".join(lines).split()).count(claim) == 0  # wrapped over lines...
+    words = [w for line in lines for w in line.split()]
+    assert all(w in words for w in claim.split())  # ...but whole
+    first = next(line for line in lines if line.startswith("lookahead.d1"))
+    assert first.rstrip().endswith("reproduced") and "rule:" not in first
+    assert any(line.strip().startswith("rule: seed inside our 95% interval") for line in lines)
+    assert "0.9..1.1" in text and all(len(line) <= 120 for line in lines)
+    assert verdict_totals(["reproduced", "differs", "differs", "not measured"]) == \
+        "1 of 4 claims reproduced, 2 differ, 1 not measured"

@@ -1,6 +1,7 @@
 """mlx-lm's generation interface on the streaming engine: sampling, EOS, prompts, chat templates,
 model resolution, and what ``workbench run`` prints."""
 
+import importlib
 import io
 import json
 import shutil
@@ -124,7 +125,7 @@ def test_cli_extra_eos_token_and_json_config(tiny, capsys):
     greedy, _ = resident_greedy(model_dir, PROMPT, 12)
     stop = greedy[4]
     capsys.readouterr()
-    assert main(["run", "-m", str(store), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", "12",
+    assert main(["run", "--model", str(store), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens", "12",
                  "--arena", "3", "--extra-eos-token", str(stop), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["tokens"] == greedy[:greedy.index(stop) + 1]
@@ -141,12 +142,12 @@ def test_cli_extra_eos_token_and_json_config(tiny, capsys):
 def test_cli_positional_and_flag_model_agree(tiny, capsys):
     _, store = tiny("qwen3_moe", 4)
     outs = []
-    for argv in (["run", str(store)], ["run", "--model", str(store)], ["run", str(store), "-m", str(store)]):
+    for argv in (["run", str(store)], ["run", "--model", str(store)], ["run", str(store), "--model", str(store)]):
         capsys.readouterr()
         assert main(argv + ["--prompt-ids", "1,2,3", "--max-tokens", "4", "--json"]) == 0
         outs.append(json.loads(capsys.readouterr().out)["tokens"])
     assert outs[0] == outs[1] == outs[2]
-    assert main(["run", str(store), "-m", str(store) + "x", "--prompt-ids", "1,2", "--max-tokens", "2"]) == 2
+    assert main(["run", str(store), "--model", str(store) + "x", "--prompt-ids", "1,2", "--max-tokens", "2"]) == 2
     assert "two models" in capsys.readouterr().err
 
 
@@ -188,7 +189,8 @@ def test_summary_line_as_mlx_lm_prints_it(capsys):
     out = capsys.readouterr().out
     for line in ("Prompt: ", "Generation: 5 tokens, ", "Peak memory: "):
         assert line in out
-    assert out.index("Generation: ") < out.index("hits / misses")  # mlx-lm's line beside our counters
+    assert out.index("Generation: ") < out.index("expert lookups")  # mlx-lm's lines above our counters
+    assert "tokens/s" not in out.split("Peak memory: ")[1]  # one tokens/s figure: mlx-lm's
 
 
 TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
@@ -259,7 +261,7 @@ def test_hf_repo_id_resolves_from_the_local_cache(tiny, tmp_path, monkeypatch, c
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "wb"))
     assert gen.resolve_model("someorg/tiny-moe") == snapshot
     capsys.readouterr()
-    assert main(["run", "-m", "someorg/tiny-moe", "--prompt-ids", "1,2,3", "--max-tokens", "3", "--json"]) == 0
+    assert main(["run", "--model", "someorg/tiny-moe", "--prompt-ids", "1,2,3", "--max-tokens", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["model"] == "someorg/tiny-moe" and len(out["tokens"]) == 3
 
@@ -274,7 +276,7 @@ def test_missing_hf_repo_is_one_clear_error_without_download(tmp_path, monkeypat
     monkeypatch.setattr(huggingface_hub.file_download, "get_hf_file_metadata", no_network)
     with pytest.raises(ModelError, match="not in the Hugging Face cache.*never downloads"):
         gen.resolve_model("someorg/absent-model")
-    assert main(["run", "-m", "someorg/absent-model", "-p", "hi"]) == 2
+    assert main(["run", "--model", "someorg/absent-model", "-p", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "huggingface-cli download someorg/absent-model" in err
     with pytest.raises(ModelError, match="does not exist"):
@@ -284,8 +286,6 @@ def test_missing_hf_repo_is_one_clear_error_without_download(tmp_path, monkeypat
 def test_bad_sampling_values_are_refused(capsys):
     assert main(["run", "x", "-p", "hi", "--temp", "-1"]) == 2
     assert "temp >= 0" in capsys.readouterr().err
-    assert main(["run", "-p", "hi"]) == 2
-    assert "give a model" in capsys.readouterr().err
 
 
 def test_read_prompt_expands_escapes_as_mlx_lm(monkeypatch):
@@ -310,15 +310,152 @@ def test_cli_seed_matches_mlx_lm_generate(draft, capsys, monkeypatch):
     capsys.readouterr()
     mlx_lm_main()
     expected = capsys.readouterr().out
-    assert main(["run", "-m", str(REFERENCE), "--arena", "0.25", "--json"] + argv) == 0
+    assert main(["run", "--model", str(REFERENCE), "--arena", "0.25", "--json"] + argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["text"] + "\n" == expected and len(out["tokens"]) > 10
-    greedy = main(["run", "-m", str(REFERENCE), "--arena", "0.25", "--json"] + argv[:4])
+    greedy = main(["run", "--model", str(REFERENCE), "--arena", "0.25", "--json"] + argv[:4])
     assert greedy == 0 and json.loads(capsys.readouterr().out)["text"] != out["text"]  # sampling mattered
 
 
-def test_demo_streams_the_reference_model(capsys):
-    """The README's first command, without its report: the demo's run path (it builds its own arguments)."""
-    assert main(["demo", "--no-report", "--max-tokens", "3"]) == 0
+@needs_reference
+def test_demo_makes_its_case(capsys, tmp_path):
+    """The README's first command, without its report: the streamed text, resident mlx-lm's tokens
+    equal to it, the arena table (every run equal to mlx-lm) and its chart."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--no-report", "--max-tokens", "6", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "equal to the streamed ones" in text and "Generation: 6 tokens" in text
+    rows = [line.split() for line in text.splitlines() if line.strip().startswith(("100%", "25%", "10%"))]
+    assert len(rows) == 6 and all(r[-1] == "yes" for r in rows)
+    assert (tmp_path / "demo_arenas.svg").read_text().startswith("<svg")
+
+
+@needs_reference
+def test_demo_prompt_is_whole_lines_and_does_not_loop():
+    from workbench.demo import demo_prompt
+
+    prompt = demo_prompt()
+    assert prompt.endswith("\n")
+    with Engine.open(REFERENCE, arena="100%", progress=False) as eng:
+        res = eng.generate(prompt, max_tokens=48)
+    assert len(set(res.tokens)) >= 24 and not res.text.startswith(prompt.splitlines()[-1])
+
+
+def test_defaults_and_dash_m_are_mlx_lm_generates(capsys):
+    """`-m` is --max-tokens (mlx-lm 0.32), default 100; the default prompt is mlx-lm's; a model path
+    given to -m is refused with a hint naming --model."""
+    mlx_gen = importlib.import_module("mlx_lm.generate")  # the module (mlx_lm.generate is also a function)
+
+    from workbench.cli import build_parser
+
+    assert (gen.DEFAULT_PROMPT, gen.DEFAULT_MAX_TOKENS) == (mlx_gen.DEFAULT_PROMPT, mlx_gen.DEFAULT_MAX_TOKENS)
+    mine = build_parser().parse_args(["run", "x"])
+    theirs = mlx_gen.setup_arg_parser().parse_args([])
+    for flag in ("max_tokens", "temp", "top_p", "min_p", "top_k", "seed", "num_draft_tokens", "verbose",
+                 "chat_template_config", "system_prompt"):
+        assert getattr(mine, flag) == getattr(theirs, flag), flag
+    assert build_parser().parse_args(["run", "x", "-m", "7"]).max_tokens == 7
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["run", "-m", "data/models/ref-moe", "-p", "x"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "-m is --max-tokens" in err and "--model data/models/ref-moe" in err
+
+
+def _mlx_lm_generate(monkeypatch, capsys, argv) -> str:
+    import sys
+
+    from mlx_lm.generate import main as mlx_lm_main
+
+    monkeypatch.setattr(sys, "argv", ["mlx_lm.generate", "--model", str(REFERENCE)] + argv)
+    capsys.readouterr()
+    mlx_lm_main()
+    return capsys.readouterr().out
+
+
+def _text_block(out: str) -> str:
+    """What mlx_lm generate's verbose output shows between its two ``==========`` lines."""
+    return out.split("=" * 10 + "\n", 1)[1].split("\n" + "=" * 10, 1)[0]
+
+
+@needs_reference
+@pytest.mark.parametrize("draft", [False, True])
+def test_streamed_text_and_summary_as_mlx_lm_generate(draft, capsys, monkeypatch):
+    """`workbench run` prints what `mlx_lm generate` prints: the text between two rules (streamed),
+    then Prompt / Generation / Peak memory; our counters come after."""
+    argv = ["-p", "def parse_config(path):", "-m", "24"]
+    if draft:
+        argv += ["--draft-model", str(REFERENCE.parent / "ref-draft"), "--num-draft-tokens", "2"]
+    expected = _mlx_lm_generate(monkeypatch, capsys, argv)
+    assert main(["run", str(REFERENCE), "--arena", "0.25"] + argv) == 0
     out = capsys.readouterr().out
-    assert "demo: streaming" in out and "prompt:" in out
+    assert _text_block(out) == _text_block(expected) and len(_text_block(out)) > 20
+    ours = [line.split(",")[0] for line in out.splitlines() if line.startswith(("Prompt:", "Generation:", "Peak memory"))]
+    theirs = [line.split(",")[0] for line in expected.splitlines() if line.startswith(("Prompt:", "Generation:", "Peak"))]
+    assert ours[:2] == theirs[:2] and len(ours) == 3
+    assert main(["run", str(REFERENCE), "--arena", "0.25", "--verbose", "F"] + argv) == 0
+    assert capsys.readouterr().out == _mlx_lm_generate(monkeypatch, capsys, argv + ["--verbose", "F"])
+
+
+@needs_reference
+def test_no_text_is_said_as_mlx_lm_says_it(capsys, monkeypatch):
+    """A first token that stops generation: mlx-lm's "No text generated for this prompt", no summary."""
+    argv = ["-p", "def parse_config(path):", "-m", "4"]
+    assert main(["run", str(REFERENCE), "--json"] + argv) == 0
+    first = json.loads(capsys.readouterr().out)["tokens"][0]
+    expected = _mlx_lm_generate(monkeypatch, capsys, argv + ["--extra-eos-token", str(first)])
+    assert gen.NO_TEXT in expected and "Generation:" not in expected
+    assert main(["run", str(REFERENCE)] + argv + ["--extra-eos-token", str(first)]) == 0
+    out = capsys.readouterr().out
+    assert gen.NO_TEXT in out and "Generation:" not in out and "expert lookups" in out
+
+
+def test_on_token_comes_as_each_token_is_out(tiny):
+    """The per-token callback `workbench run` streams through: once per token, while decoding."""
+    _, store = tiny("qwen3_moe", 4)
+    with Engine(store, arena=3, progress=False) as eng:
+        seen = []
+        res = eng.generate(PROMPT, max_tokens=8, on_token=lambda t: seen.append((t, eng.step)))
+    assert [t for t, _ in seen] == res.tokens and [s for _, s in seen] == list(range(1, 9))
+
+
+@needs_reference
+def test_counter_lines_add_up(capsys):
+    """The text summary: arena + read-ahead + on demand = lookups, and the hit rate is the first two
+    over the lookups (as printed)."""
+    import re
+
+    assert main(["run", str(REFERENCE), "-p", "def parse_config(path):", "-m", "16", "--lookahead", "1"]) == 0
+    out = capsys.readouterr().out
+    num = lambda label: int(re.search(rf"^\s*{label}\s+(\d+)", out, re.M).group(1))  # noqa: E731
+    lookups, arena, ahead, demand = (num(k) for k in ("expert lookups", "from the arena", "by read-ahead",
+                                                      "read on demand"))
+    assert arena + ahead + demand == lookups and ahead > 0
+    rate = float(re.search(r"^hit rate\s+([\d.]+)%", out, re.M).group(1))
+    assert abs(rate - 100 * (arena + ahead) / lookups) < 0.06
+
+
+@needs_reference
+@pytest.mark.parametrize("flags", [["--kv-bits", "4", "--quantized-kv-start", "110"], ["--max-kv-size", "64"],
+                                   ["--prefill-step-size", "16"], ["--kv-bits", "8", "--kv-group-size", "32",
+                                                                   "--quantized-kv-start", "0", "--prefill-step-size", "30"]],
+                         ids=["kv-bits", "max-kv-size", "prefill-step", "all"])
+def test_kv_flags_as_mlx_lm_generate(flags, capsys, monkeypatch):
+    """--max-kv-size, --kv-bits/--kv-group-size/--quantized-kv-start and --prefill-step-size through
+    mlx-lm's own cache classes: the same text as `mlx_lm generate` with the same flags."""
+    from workbench.demo import demo_prompt
+
+    argv = ["-p", demo_prompt(), "-m", "40", "--verbose", "F"] + flags  # 100 prompt tokens
+    expected = _mlx_lm_generate(monkeypatch, capsys, argv)
+    assert main(["run", str(REFERENCE), "--arena", "0.25", "--json"] + argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] + "\n" == expected and len(out["tokens"]) == 40
+    if "--kv-bits" in flags or "--max-kv-size" in flags:  # the cache changed the numbers: the flags were used
+        from workbench.cli import build_parser, kv_config
+
+        kv = kv_config(build_parser().parse_args(["run"] + flags))
+        logprobs = []
+        for config in (kv, None):
+            with Engine.open(REFERENCE, arena="25%", progress=False, **({"kv": config} if config else {})) as eng:
+                logprobs.append(eng.generate(demo_prompt(), max_tokens=12).logprobs)
+        assert not np.allclose(*logprobs, atol=1e-6)

@@ -263,7 +263,7 @@ def test_full_disk_during_pack_is_one_line_and_leaves_nothing(model_dir, tmp_pat
 def test_cli_cache_commands(model_dir, cache_env, capsys):
     from workbench.cli import main
 
-    assert main(["cache", "path"]) == 0 and capsys.readouterr().out.strip() == str(cache_env)
+    assert main(["cache", "path"]) == 0 and capsys.readouterr().out.strip() == str(Path(cache_env) / "stores")
     assert main(["run", str(model_dir), "--prompt-ids", "1,2", "--max-tokens", "2", "--json"]) == 0
     capsys.readouterr()
     assert main(["cache", "list", "--json"]) == 0

@@ -33,7 +33,7 @@ LEVELS = [
     ("sim", ["sim"]),  # the request stream, replay and virtual time of a trace
     ("analysis", ["analysis"]),  # tables from traces; it uses sim (bounds and the ledger replay policies)
     ("viz", ["viz"]),
-    ("report and cli", ["report", "generate", "cli*"]),
+    ("report and cli", ["report", "generate", "demo", "cli*"]),
 ]
 TRAIN = "train"
 NOTEBOOKS = len(LEVELS)  # above every level

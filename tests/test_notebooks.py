@@ -16,7 +16,8 @@ import pytest
 
 from workbench import report
 from workbench.viz.render import spec_rows
-from workbench.viz.units import axes_without_unit
+from workbench.viz.palette import MIN_CONTRAST, contrast
+from workbench.viz.units import axes_without_unit, field_titled_axes
 
 NB_DIR = report.NOTEBOOK_DIR
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -79,6 +80,8 @@ def test_notebook_charts_have_data(small_report, name):
         assert c["rows"] > 0 and spec_rows(spec["spec"]) == c["rows"], f"{name}/{c['name']} has no data"
         assert spec["title"], f"{name}/{c['name']} has no title"
         assert axes_without_unit(spec["spec"]) == [], f"{name}/{c['name']}: axes without a unit"
+        assert field_titled_axes(spec["spec"]) == [], f"{name}/{c['name']}: an axis titled by a field name"
+        assert close_series(spec["spec"]) == [], f"{name}/{c['name']}: series too alike in colour"
         assert (out / c["png"]).read_bytes()[:4] == b"\x89PNG"
         assert "<svg" in (out / c["svg"]).read_text()[:500]
         json.loads((out / c["spec"]).read_text())
@@ -87,6 +90,20 @@ def test_notebook_charts_have_data(small_report, name):
     page = (out / res.page).read_text()
     assert report.find_remote_refs(page) == []
     assert "Traceback" not in page and "Error loading script" not in page
+
+
+def close_series(spec) -> list:
+    """Pairs of one colour scale's series whose colours differ by less than MIN_CONTRAST."""
+    from workbench.viz.render import spec_nodes
+
+    close = []
+    for node in spec_nodes(spec):
+        scale = (node.get("encoding", {}).get("color") or {}).get("scale") or {}
+        domain, colours = scale.get("domain") or [], scale.get("range") or []
+        if isinstance(colours, list) and len(domain) <= 10:
+            pairs = list(zip(domain, colours))
+            close += [(a, b) for i, (a, ca) in enumerate(pairs) for b, cb in pairs[i + 1:] if contrast(ca, cb) < MIN_CONTRAST]
+    return close
 
 
 def test_index_shows_every_headline(small_report):
@@ -107,3 +124,56 @@ def test_index_links_everything(small_report):
         assert f"href='{r.page}'" in index
         for c in r.charts:
             assert c["png"] in index and c["svg"] in index
+
+
+def _promised(source: str) -> tuple[int, int]:
+    """(tables, charts) a cell shows unconditionally: its top-level ``wb.show_table(...)`` and
+    ``wb.show(...)`` statements."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:  # cell magics
+        return 0, 0
+    calls = [s.value.func for s in body if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)]
+    names = [f.attr for f in calls if isinstance(f, ast.Attribute) and getattr(f.value, "id", None) == "wb"]
+    return names.count("show_table"), names.count("show")
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_every_promised_table_and_chart_is_on_the_page(small_report, name):
+    """A table or chart the notebook shows is in its cell's output and on the exported page (a styled
+    table that is not a cell's last value is shown by nobody unless displayed)."""
+    import re
+
+    out, rep = small_report
+    res = next(r for r in rep.notebooks if r.name == name)
+    nb = nbformat.read(out / res.notebook, as_version=4)
+    page = (out / res.page).read_text()
+    promised_tables = 0
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        tables, charts = _promised(cell.source)
+        promised_tables += tables
+        html_out = [str((o.get("data") or {}).get("text/html", "")) for o in cell.get("outputs", [])]
+        shown = sum("<table" in h for h in html_out)
+        drawn = sum(report.CHART_MIME in (o.get("data") or {}) for o in cell.get("outputs", []))
+        assert shown >= tables, f"{name} code cell {i}: {tables} tables promised, {shown} shown"
+        assert drawn >= charts, f"{name} code cell {i}: {charts} charts promised, {drawn} drawn"
+        for h in html_out:
+            for caption in re.findall(r"<caption>(.*?)</caption>", h, re.S):
+                assert caption.strip() in page, f"{name}: table {caption.strip()[:60]!r} is not on the page"
+    assert page.count("<table") >= promised_tables
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_no_table_is_built_and_dropped(path):
+    """A bare ``wb.table(...)`` statement builds a table Jupyter shows only as a cell's last value:
+    notebooks display tables with ``wb.show_table`` (``wb.table`` is for a panel's return value)."""
+    import jupytext
+
+    for cell in jupytext.read(path.with_suffix(".py")).cells:
+        if cell.cell_type != "code":
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+                f = node.value.func
+                assert not (isinstance(f, ast.Attribute) and f.attr == "table"), \
+                    f"{path.name}: `{ast.unparse(node)[:60]}` is never shown; use wb.show_table"

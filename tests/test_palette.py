@@ -23,7 +23,9 @@ def test_colour_follows_the_name_not_the_position():
     everyone = color_scale(["lru", "slru", "twohit", "s3fifo", "mystery", "other"])
     fewer = color_scale(["s3fifo", "other"])  # deselect some: the rest keep their colours
     full = dict(zip(everyone.domain, everyone.range))
-    assert dict(zip(fewer.domain, fewer.range)) == {"s3fifo": full["s3fifo"], "other": full["other"]}
+    # a series keeps its own colour unless an earlier series of the same chart is too alike (then it moves)
+    assert all(dict(zip(fewer.domain, fewer.range))[n] == color_of(n) for n in fewer.domain)
+    assert full["s3fifo"] == color_of("s3fifo")
     assert color_of("mystery") == color_of("mystery") and color_of("lru") == NAMED["lru"]
     assert color_of("two-hit") == color_of("twohit")  # the same policy under its two spellings
 
@@ -79,3 +81,23 @@ def test_svg_text_names_the_font_it_was_measured_with():
 
     svg = spec_to_svg(chart_spec(outcome_chart(df, "configuration", ["useful_timely", "cancelled_before_read"])))
     assert set(re.findall(r'font-family="([^"]*)"', svg)) == {CONFIG["font"]}
+
+
+def test_series_of_one_chart_are_far_apart_in_colour():
+    """Any two series of one chart differ by at least MIN_CONTRAST (CIE76), even when their own
+    colours collide (the names of issue 31: teacher-forced / decode, d1 / d2 / d3, and names hashed
+    to one colour)."""
+    import itertools
+
+    from workbench.viz.palette import MIN_CONTRAST, PALETTE, contrast, distinct_colours
+
+    assert contrast("#ffffff", "#000000") > 99 and contrast("#4e79a7", "#4e79a7") == 0
+    assert min(contrast(a, b) for a, b in itertools.combinations(PALETTE, 2)) >= MIN_CONTRAST
+    hashed = [n for n in (f"series {i}" for i in range(200)) if color_of(n) == color_of("series 0")][:3]
+    for names in (["teacher-forced", "decode"], ["d1", "d2", "d3"], ["none", "next layer"], hashed,
+                  ["lru", "UNPERT=1", "d=1", "draft_model"], [str(i) for i in range(10)]):
+        got = distinct_colours(names)
+        assert min(contrast(a, b) for a, b in itertools.combinations(got, 2)) >= MIN_CONTRAST, names
+    assert distinct_colours(["lru", "twohit"]) == [color_of("lru"), color_of("twohit")]  # far apart: own colours
+    scale = color_scale(["lru", "UNPERT=1"])
+    assert scale.range[0] == color_of("lru") and contrast(*scale.range) >= MIN_CONTRAST

@@ -13,7 +13,7 @@ from workbench.engine.engine import Engine
 from workbench.io.readpath import read_path_table
 from workbench.viz import charts, counter_charts, sweep
 from workbench.viz.render import chart_spec
-from workbench.viz.units import axes_without_unit, axis_unit
+from workbench.viz.units import axes_without_unit, axis_unit, field_titled_axes
 
 PROMPT = [3, 17, 42, 5, 9, 77, 11, 2]
 OUTCOMES = ["useful_timely", "useful_late", "completed_unused", "partially_read", "cancelled_before_read"]
@@ -85,6 +85,21 @@ def test_every_chart_builder_is_checked(built):
 def test_every_quantitative_axis_names_its_unit(built):
     bad = {name: axes_without_unit(chart_spec(ch)) for name, ch in built.items()}
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_every_axis_title_is_written_not_a_field_name(built):
+    bad = {name: field_titled_axes(chart_spec(ch)) for name, ch in built.items()}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_a_merged_field_title_is_caught():
+    import altair as alt
+
+    df = pd.DataFrame({"a": [1.0, 2.0], "low": [0.5, 1.5], "high": [1.5, 2.5]})
+    line = alt.Chart(df).mark_line().encode(x=alt.X("a:Q", title="arena (GB)"), y=alt.Y("a:Q", title="hit rate (%)"))
+    err = alt.Chart(df).mark_errorbar().encode(x="a:Q", y="low:Q", y2="high:Q")
+    assert field_titled_axes(chart_spec(alt.layer(err, line))) == ["low, hit rate (%)"]
+    assert field_titled_axes(chart_spec(line)) == []
 
 
 def test_the_rule_fails_where_it_should():

@@ -169,7 +169,16 @@ def engine_config(args) -> dict:
     if getattr(args, "max_tokens", None) is not None:
         whole("--max-tokens", args.max_tokens, 1)
     return dict(arena=arena_config(args, writes=args.slot_writes), io=io_config(args, args.verify),
-                ahead=ahead_config(args), device=args.device, decode=args.decode, seed=getattr(args, "seed", None))
+                ahead=ahead_config(args), device=args.device, decode=args.decode, seed=getattr(args, "seed", None),
+                kv=kv_config(args))
+
+
+def kv_config(args):
+    """The KVConfig of --max-kv-size, --kv-bits, --kv-group-size, --quantized-kv-start, --prefill-step-size."""
+    from .config import KVConfig
+
+    return KVConfig(max_size=args.max_kv_size, bits=args.kv_bits, group_size=args.kv_group_size,
+                    quantized_start=args.quantized_kv_start, prefill_step=args.prefill_step_size)
 
 
 def cmd_pack(args) -> int:
@@ -181,11 +190,10 @@ def cmd_pack(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from .fsutil import cache_dir
     from .store.cache import list_stores, remove_store, stores_dir
 
     if args.action == "path":
-        print(cache_dir())
+        print(stores_dir())  # where the stores are ($WORKBENCH_CACHE/stores)
         return 0
     if args.action == "list":
         rows = list_stores()
@@ -213,9 +221,27 @@ def open_engine(args, progress):
     return Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
 
 
+def max_tokens_arg(text: str) -> int:
+    """``-m``/``--max-tokens``: an integer; a model path given to ``-m`` gets a hint (``-m`` is mlx-lm's)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-m is --max-tokens, as in mlx_lm generate; got {text!r}: give the model "
+                                         f"as the first argument or with --model {text}") from None
+
+
+def str2bool(text: str) -> bool:
+    """``--verbose``, read as ``mlx_lm generate`` reads it (only false/f, any case, is false)."""
+    return text.lower() not in ("false", "f")
+
+
 def add_generation_args(p):
-    """mlx-lm's generation flags (same names and defaults as ``mlx_lm generate``)."""
+    """mlx-lm's generation flags (same names and defaults as ``mlx_lm generate`` 0.32)."""
+    from .generate import DEFAULT_MAX_TOKENS
+
     g = p.add_argument_group("generation (as mlx_lm generate)")
+    g.add_argument("--max-tokens", "-m", type=max_tokens_arg, default=DEFAULT_MAX_TOKENS,
+                   help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
     g.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
     g.add_argument("--min-p", type=float, default=0.0, help="min-p sampling")
@@ -224,54 +250,81 @@ def add_generation_args(p):
                    help="PRNG seed, set where mlx_lm generate sets it (before the models are built)")
     g.add_argument("--system-prompt", default=None, help="system message for the chat template")
     g.add_argument("--ignore-chat-template", action="store_true", help="use the raw prompt without the chat template")
+    g.add_argument("--chat-template-config", default=None,
+                   help="JSON object of extra apply_chat_template arguments, e.g. '{\"enable_thinking\": false}'")
     g.add_argument("--extra-eos-token", nargs="+", default=(), help="more tokens (strings or ids) that stop generation")
+    g.add_argument("--verbose", type=str2bool, default=True,
+                   help="True (default): stream the text, then the summary and counters; False or F: only the text")
+    g.add_argument("--max-kv-size", type=int, default=None,
+                   help="most KV cache entries (a rotating cache keeping the first 4); tokens then run layer by layer")
+    g.add_argument("--kv-bits", type=int, default=None, help="quantize the KV cache to this many bits (default: not); "
+                                                             "tokens then run layer by layer")
+    g.add_argument("--kv-group-size", type=int, default=64, help="group size of KV cache quantization (default 64)")
+    g.add_argument("--quantized-kv-start", type=int, default=5000,
+                   help="with --kv-bits: quantize once the cache holds this many entries (default 5000)")
+    g.add_argument("--prefill-step-size", type=int, default=2048, help="prompt tokens per prefill pass (default 2048)")
     g.add_argument("--draft-model", default=None, help="mlx-lm model directory (or cached HF repo id) to draft with")
     g.add_argument("--num-draft-tokens", type=int, default=3, help="tokens drafted per verify pass")
     g.add_argument("--compare-plain", action="store_true",
                    help="with --draft-model: also run plain streaming on a fresh engine and report both")
 
 
-def cmd_run(args) -> int:
+def prompt_ids(args, eng, tok):
+    """The prompt's ids and whether the chat template built them: ``--prompt-ids`` as they are,
+    else the prompt text (mlx-lm's default ``hello`` when neither is given)."""
     from . import generate as gen
+
+    if args.prompt_ids is not None:
+        return eng.encode(args.prompt_ids), False
+    if tok is None:
+        raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
+    text = gen.DEFAULT_PROMPT if args.prompt is None else args.prompt
+    text = text if args.raw_prompt else gen.read_prompt(text)
+    kwargs = gen.chat_template_config(args.chat_template_config)
+    ids = gen.build_prompt(tok, text, args.system_prompt, args.ignore_chat_template, kwargs)
+    return eng.encode(ids), gen.uses_chat_template(tok, args.ignore_chat_template)
+
+
+def cmd_run(args) -> int:
+    run_and_print(args)
+    return 0
+
+
+def run_and_print(args):
+    """``workbench run``: generate and print as ``mlx_lm generate`` does; returns (tokens, prompt ids)."""
+    from . import generate as gen
+    from .data import default_model
     from .store.cache import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
-    from .viz.tables import speculative_table, summary_table
 
-    name = args.model_flag or args.model
-    if name is None:
-        raise ValueError("give a model: workbench run MODEL_OR_STORE, or --model/-m MODEL_OR_STORE")
+    name = args.model_flag or args.model or str(default_model())
     if args.model_flag and args.model and args.model_flag != args.model:
         raise ValueError(f"two models given ({args.model} and --model {args.model_flag}); give one")
-    if args.prompt is None and args.prompt_ids is None:
-        raise ValueError("give --prompt/-p TEXT (- reads stdin) or --prompt-ids 1,2,3")
     if args.draft_model and args.trace:
         raise ValueError("--draft-model runs without --trace; drop one of them")
+    gen.chat_template_config(args.chat_template_config)  # checked before anything is packed
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
-    args.model = str(resolve_store(gen.resolve_model(name), progress=not args.json, store=getattr(args, "store", None)))  # packs on first use
+    talk = args.verbose and not args.json  # progress bars and the streamed text
+    args.model = str(resolve_store(gen.resolve_model(name), progress=talk, store=getattr(args, "store", None)))  # packs on first use
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
-    with open_engine(args, progress=not args.json) as eng:
+    with open_engine(args, progress=talk) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)
-        chat = False
-        if args.prompt is not None:
-            if tok is None:
-                raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
-            chat = gen.uses_chat_template(tok, args.ignore_chat_template)
-            prompt_text = args.prompt if args.raw_prompt else gen.read_prompt(args.prompt)
-            ids = eng.encode(gen.build_prompt(tok, prompt_text, args.system_prompt, args.ignore_chat_template))
-        else:
-            ids = eng.encode(args.prompt_ids)
+        ids, chat = prompt_ids(args, eng, tok)
         eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)
+        stream = gen.TextStream(tok, eos) if talk and tok is not None else None
         if draft is not None:
             gen.check_draft(draft, eng.config)
             run = lambda: speculative_generate(eng, draft[0], ids, args.max_tokens, args.num_draft_tokens,  # noqa: E731
-                                               sampler=sampler, eos_token_ids=eos)
+                                               sampler=sampler, eos_token_ids=eos, progress=False, on_token=stream)
         else:
             run = lambda: eng.generate(ids, max_tokens=args.max_tokens, trace=trace, sampler=sampler,  # noqa: E731
-                                       eos_token_ids=eos)
+                                       eos_token_ids=eos, progress=stream is None and talk, on_token=stream)
+        if stream is not None:
+            print("=" * 10, flush=True)
         res, timing = gen.timed(run, len(ids))
-        text = gen.decode(tok, res.tokens, eos)
+        text = stream.finish() if stream is not None else gen.decode(tok, res.tokens, eos)
         config = gen.run_config(eng, name, ids, args, chat)
     if draft is not None and args.compare_plain:  # a fresh engine, so neither run inherits a warm arena
         with open_engine(args, progress=False) as plain:
@@ -288,36 +341,73 @@ def cmd_run(args) -> int:
         print(json.dumps({"tokens": res.tokens, "text": text, "stats": stats, "timing": timing.as_dict(),
                           "finish_reason": "stop" if res.tokens and res.tokens[-1] in eos else "length",
                           "config": config}))
+    elif not args.verbose:  # mlx_lm generate --verbose False prints the response only
+        print(text if text is not None else ",".join(map(str, res.tokens)))
     else:
-        if text is not None:
-            print("=" * 10)
-            print(text)
-            print("=" * 10)
-        print(timing.summary())
-        print(summary_table(stats))
-        if "speculative" in stats:
-            print(speculative_table(stats))
-    return 0
+        _print_summary(res, text, timing, stream is not None)
+    return res.tokens, ids
+
+
+def _print_summary(res, text, timing, streamed) -> None:
+    """After the streamed text: mlx-lm's summary lines (or its "No text generated"), then the counters."""
+    from . import generate as gen
+    from .viz.tables import speculative_table, summary_table
+
+    stats = res.stats
+    if streamed:
+        print()
+        print("=" * 10)
+    else:
+        print(f"tokens: {res.tokens} (this store has no tokenizer)")
+    print(gen.NO_TEXT if streamed and not text else timing.summary())
+    print(summary_table(stats))
+    if "speculative" in stats:
+        print(speculative_table(stats))
+
+
+def _share(arena: str) -> str:
+    """An --arena value as a user reads it: 0.25 -> 25%."""
+    try:
+        return f"{float(arena):.0%}"
+    except ValueError:
+        return arena
 
 
 def cmd_demo(args) -> int:
-    from .data import default_model, workload
+    """The case in a minute (``workbench.demo``): a held-out prompt streamed through a 25% arena, equal
+    to resident mlx-lm; the same prompt over arenas with and without read-ahead; then the report."""
+    from pathlib import Path
+
+    from . import demo
+    from .data import default_model
+    from .store.cache import resolve_store
+    from .viz.render import save_chart
 
     model = default_model()
     if not args.no_report:
         from .report import check_out
 
         check_out(args.out)  # refuse a directory the report may not replace before running anything
-    try:
-        prompt = workload("code_heldout")[0]["text"]
-    except ValueError:
-        prompt = [1, 2, 3, 4, 5, 6, 7, 8]
-    args.model, args.model_flag = str(model), None
-    args.prompt, args.prompt_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+    prompt = demo.demo_prompt()
+    args.model, args.model_flag, args.prompt, args.prompt_ids = str(model), None, prompt, None
     args.json, args.trace, args.trace_moe_input, args.trace_io = False, None, False, False
-    print(f"demo: streaming {model} with a {args.arena} arena")
-    print(f"prompt:\n{prompt}" if isinstance(prompt, str) else f"prompt ids: {prompt}")
-    rc = cmd_run(args)
+    tail = "\n".join(prompt.rstrip("\n").splitlines()[-6:])
+    print(f"demo: {model}, prompt: the held-out file {demo.PROMPT[1]} (its last lines):\n{tail}\n")
+    print(f"1. streamed through a {_share(args.arena)} arena (workbench run):")
+    streamed, ids = run_and_print(args)
+    reference = demo.resident_tokens(model, ids, args.max_tokens)
+    same = "equal" if streamed == reference else "DIFFERENT (a bug: please report it)"
+    print(f"\n   resident mlx-lm (generate_step, all weights in memory), same prompt: {len(reference)} tokens, "
+          f"{same} to the streamed ones")
+    print("\n2. the same prompt at 100%, 25% and 10% arenas, without and with read-ahead (one run each):")
+    runs = demo.arena_runs(resolve_store(model, progress=False), ids, args.max_tokens, reference)
+    print(demo.table_text(runs))
+    print("   (this store is small: its reads come from the OS page cache here; with a model larger than RAM each MB "
+          "read per token is an SSD read, notebook 07 measures that path)")
+    chart = Path(args.out).with_name(Path(args.out).name + "_arenas")
+    saved = save_chart(demo.demo_chart(runs), chart)
+    print(f"   chart: {', '.join(map(str, saved))}")
+    rc = 0 if runs["equals mlx-lm"].all() and streamed == reference else 1
     if rc == 0 and not args.no_report:
         from .report import build_report
 
@@ -325,7 +415,7 @@ def cmd_demo(args) -> int:
         if not out.published:
             print(f"demo: every report notebook failed; {out} was left as it was", file=sys.stderr)
             return 1
-        print(f"report: {out}/index.html (built with the reduced 'small' preset: its numbers check that "
+        print(f"\n3. the report: {out}/index.html (built with the reduced 'small' preset: its numbers check that "
               "everything runs, they are not the measurements; the full report: workbench report --params full)")
     return rc
 
@@ -341,12 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="generate with experts streamed through a bounded arena")
     p.add_argument("model", metavar="MODEL_OR_STORE", nargs="?",
-                   help="mlx-lm model directory, workbench store, or Hugging Face repo id in the local cache")
-    p.add_argument("--model", "-m", dest="model_flag", metavar="MODEL_OR_STORE", help="the same, as a flag")
+                   help="mlx-lm model directory, workbench store, or Hugging Face repo id in the local cache "
+                        "(default: the shipped reference model; mlx-lm's default model is not a MoE)")
+    p.add_argument("--model", dest="model_flag", metavar="MODEL_OR_STORE",
+                   help="the same, as a flag (as in mlx_lm generate; -m is --max-tokens there and here)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--prompt", "-p", help="prompt text ('-' reads stdin); the chat template applies if there is one")
+    g.add_argument("--prompt", "-p", help="prompt text ('-' reads stdin; default 'hello', as mlx_lm generate); "
+                                         "the chat template applies if there is one")
     g.add_argument("--prompt-ids", type=parse_ids, help="prompt token ids, used as they are")
-    p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--trace", help="write a Parquet trace here")
     p.add_argument("--trace-moe-input", action="store_true", help="also record MoE inputs (lookahead analysis)")
     p.add_argument("--trace-io", action="store_true", help="also record the I/O event table")
@@ -356,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(p)
     p.set_defaults(func=cmd_run, raw_prompt=False)
 
-    p = sub.add_parser("cache", help="the store cache: list | rm NAME... | path",
+    p = sub.add_parser("cache", help="the store cache: list | rm NAME... | path (of the stores folder)",
                        description="Stores packed by `workbench run MODEL_DIR` live in $WORKBENCH_CACHE/stores "
                                    "(default ~/.cache/workbench).")
     p.add_argument("action", choices=("list", "rm", "path"))
@@ -366,12 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_cache)
 
     p = sub.add_parser("demo", help="the main job on the shipped reference model, then a report")
-    p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--out", default="reports/demo")
     p.add_argument("--no-report", action="store_true")
     add_generation_args(p)
     add_engine_args(p)
-    p.set_defaults(func=cmd_demo, raw_prompt=True)
+    p.set_defaults(func=cmd_demo, raw_prompt=True, max_tokens=48)
 
     for name in SUBCOMMAND_MODULES:
         try:

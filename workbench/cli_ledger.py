@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128, help="teacher-forced tokens per prompt (default 128)")
     p.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt (default 32)")
     p.add_argument("--no-live", action="store_true", help="skip the live engine runs (strata table, self-draft)")
-    p.add_argument("--small", action="store_true", help="1 prompt per domain, short runs (seconds, for a smoke test)")
+    p.add_argument("--small", action="store_true", help="the report's small preset: 1 prompt per domain, short runs, "
+                                                         "no live rows (seconds; its totals are the small report's)")
     p.add_argument("--json", action="store_true", help="print one JSON object: {model, rows: [...]}")
     p.set_defaults(func=cmd_ledger)
 
@@ -36,17 +37,18 @@ def _num(x):
 
 
 def cmd_ledger(args) -> int:
-    from workbench.analysis.ledger import COLUMNS, claim_verdicts, headline_counts, ledger_text, workload_ledger
+    from workbench.analysis.ledger import COLUMNS, claim_verdicts, headline_counts, workload_ledger
     from workbench.analysis.workload import SMALL, record_workload, workload_set
+    from workbench.viz.tables import ledger_table
 
-    if args.small:
+    if args.small:  # the report's small preset (notebook 08): the same workload, no live rows, 2 cosine layers
         args.per_domain, args.prompt_tokens, args.max_tokens = SMALL["per_domain"], SMALL["prompt_tokens"], SMALL["max_tokens"]
+        args.no_live = True
     try:
         w = record_workload(workload_set(args.per_domain), args.model, args.prompt_tokens, args.max_tokens,
                             progress=not args.json)
         led, _ = workload_ledger(w, live=not args.no_live, cosine_layers=2 if args.small else 0,
-                                 strata_tokens=6 if args.small else None, readpath_repeats=2 if args.small else 5,
-                                 progress=not args.json)
+                                 readpath_repeats=2 if args.small else 5, progress=not args.json)
     except (ValueError, OSError) as e:
         print(f"workbench: error: {e}", file=sys.stderr)
         return 2
@@ -59,6 +61,6 @@ def cmd_ledger(args) -> int:
                           "claims": claim_verdicts(led).to_dict(), "headline": headline_counts(led), "rows": rows}))
         return 0
     print(f"ledger: {w.model}, {len(w.runs)} prompts ({tokens} teacher-forced + {args.max_tokens} greedy tokens each)")
-    print(ledger_text(led))
-    print(headline_counts(led))
+    print(ledger_table(led.to_dict("records")))
+    print(headline_counts(led) + (" (the report's small preset)" if args.small else ""))
     return 0

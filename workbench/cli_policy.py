@@ -32,18 +32,25 @@ def variant_configs(model, specs, common) -> dict:
     return out
 
 
+# rows shown in another unit than the stats': label -> (scale, format)
+SHOWN = {"bytes_per_token": ("MB read per token", 1e-6, ".3f"), "hit_rate": ("hit rate (%)", 100, ".1f")}
+
+
 def table(results) -> str:
     def get(s, key):
         a, _, b = key.partition(".")
         v = s[a][b] if b else s.get(a)
+        if key in SHOWN and isinstance(v, (int, float)):
+            return f"{v * SHOWN[key][1]:{SHOWN[key][2]}}"
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
     names = [r["name"] for r in results]
-    w0 = max(len(r) for r in ROWS)
+    labels = [SHOWN[k][0] if k in SHOWN else k for k in ROWS]
+    w0 = max(len(r) for r in labels)
     ws = [max(12, len(n)) for n in names]
     lines = [f"{'':<{w0}}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, ws))]
-    for key in ROWS:
-        lines.append(f"{key:<{w0}}  " + "  ".join(f"{get(r, key):>{w}}" for r, w in zip(results, ws)))
+    for key, label in zip(ROWS, labels):
+        lines.append(f"{label:<{w0}}  " + "  ".join(f"{get(r, key):>{w}}" for r, w in zip(results, ws)))
     return "\n".join(lines)
 
 

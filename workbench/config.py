@@ -3,6 +3,7 @@
     ArenaConfig   how big the arena is and how it evicts (size, policy, slot writes, preload)
     IOConfig      how experts are read (I/O workers, urgent-only workers, read mode, checksums)
     AheadConfig   read-ahead and cache-aware routing (predictor, lookahead, ranking mode, gate)
+    KVConfig      the KV cache and prefill as mlx_lm generate sizes them (max size, quantization, prefill step)
 
 The engine (``Engine(store, arena=..., io=..., ahead=...)``), ``simulate``, ``ioreplay``, the
 command line (``workbench.cli.engine_config``) and the notebooks build runs from these. Each
@@ -169,3 +170,41 @@ class AheadConfig:
     def distance(self) -> int:
         """The lookahead, 1 when it was left unset."""
         return 1 if self.lookahead is None else self.lookahead
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """The KV cache and the prefill, with ``mlx_lm generate``'s flags, meanings and defaults, through
+    mlx-lm's own cache classes: ``max_size`` (``--max-kv-size``: a rotating cache that keeps the first
+    4 entries and the latest), ``bits`` / ``group_size`` / ``quantized_start`` (``--kv-bits``,
+    ``--kv-group-size``, ``--quantized-kv-start``: once a cache holds ``quantized_start`` entries it is
+    quantized, as ``maybe_quantize_kv_cache`` does after every model call), ``prefill_step``
+    (``--prefill-step-size``: prompt tokens per prefill pass). Optimistic decode rolls a token's KV
+    entries back when it missed, and runs the next token's pass before this one settles; a rotating
+    or quantized cache takes neither, so with ``max_size`` or ``bits`` every token runs layer by layer."""
+
+    max_size: int | None = None
+    bits: int | None = None
+    group_size: int = 64
+    quantized_start: int = 5000
+    prefill_step: int = 2048
+
+    def __post_init__(self):
+        whole("--max-kv-size", self.max_size, 5, none_ok=True)  # a rotating cache keeps 4 entries, and more
+        if self.bits is not None and self.bits not in (2, 3, 4, 5, 6, 8):
+            raise ValueError(f"--kv-bits {self.bits} is not a quantization MLX has; give 2, 3, 4, 5, 6 or 8")
+        if self.group_size not in (32, 64, 128):
+            raise ValueError(f"--kv-group-size {self.group_size} is not one MLX has; give 32, 64 or 128")
+        whole("--quantized-kv-start", self.quantized_start, 0)
+        whole("--prefill-step-size", self.prefill_step, 1)
+
+    @property
+    def rewinds(self) -> bool:
+        """Whether optimistic decode may run on this cache (see the class)."""
+        return self.max_size is None and self.bits is None
+
+    def quantize(self, cache) -> None:
+        """mlx-lm's ``maybe_quantize_kv_cache`` on ``cache`` (a list, changed in place)."""
+        from mlx_lm.generate import maybe_quantize_kv_cache
+
+        maybe_quantize_kv_cache(cache, self.quantized_start, self.group_size, self.bits)

@@ -21,6 +21,9 @@ import mlx.core as mx
 from .model import ModelError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+DEFAULT_PROMPT = "hello"  # mlx_lm generate's defaults (tests/test_generate.py holds them equal)
+DEFAULT_MAX_TOKENS = 100
+NO_TEXT = "No text generated for this prompt"  # what mlx_lm generate prints instead of its summary
 
 
 def resolve_model(name) -> Path:
@@ -85,14 +88,33 @@ def uses_chat_template(tokenizer, ignore_chat_template=False) -> bool:
     return not ignore_chat_template and bool(getattr(tokenizer, "has_chat_template", False))
 
 
-def build_prompt(tokenizer, text: str, system_prompt=None, ignore_chat_template=False) -> list[int]:
+def chat_template_config(text) -> dict:
+    """``--chat-template-config``: a JSON object of keyword arguments for ``apply_chat_template``
+    (e.g. ``{"enable_thinking": false}`` turns Qwen3's thinking off), as ``mlx_lm generate`` takes it."""
+    import json
+
+    if text is None:
+        return {}
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--chat-template-config is not JSON ({e.msg}); give an object such as "
+                         "'{\"enable_thinking\": false}'") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--chat-template-config wants a JSON object of keyword arguments, got {text!r}")
+    return config
+
+
+def build_prompt(tokenizer, text: str, system_prompt=None, ignore_chat_template=False, template_kwargs=None) -> list[int]:
     """Prompt ids as ``mlx_lm generate`` builds them: the chat template when the tokenizer has
-    one (system message first, generation prompt added), else the raw text with special tokens."""
+    one (system message first, generation prompt added, ``template_kwargs`` passed on), else the
+    raw text with special tokens."""
     chat = uses_chat_template(tokenizer, ignore_chat_template)
     if chat:
         messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
         messages.append({"role": "user", "content": text})
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **(template_kwargs or {}))
     return list(tokenizer.encode(text, add_special_tokens=not chat))
 
 
@@ -133,6 +155,31 @@ def decode(tokenizer, tokens, eos=()) -> str | None:
     if tokens and tokens[-1] in eos:
         tokens = tokens[:-1]
     return tokenizer.decode(tokens)
+
+
+class TextStream:
+    """Prints a run's text as its tokens arrive, as ``mlx_lm generate`` does: mlx-lm's streaming
+    detokenizer, stop tokens left out. Use as ``on_token``; ``finish()`` flushes and returns the text."""
+
+    def __init__(self, tokenizer, eos, out=None):
+        self.detokenizer, self.eos, self.out, self.text = tokenizer.detokenizer, set(eos), out or sys.stdout, ""
+        self.detokenizer.reset()
+
+    def __call__(self, token) -> None:
+        if token not in self.eos:
+            self.detokenizer.add_token(token)
+            self._emit(self.detokenizer.last_segment)
+
+    def finish(self) -> str:
+        self.detokenizer.finalize()
+        self._emit(self.detokenizer.last_segment)
+        return self.text
+
+    def _emit(self, segment: str) -> None:
+        if segment:
+            self.out.write(segment)
+            self.out.flush()
+            self.text += segment
 
 
 def versions() -> dict:

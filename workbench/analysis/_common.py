@@ -46,16 +46,22 @@ def phase_rows(trace: Trace, phase: str | None) -> pd.DataFrame:
     return df[df["phase"] == phase]
 
 
+RECORD_FLAG = {"moe_input": "--trace-moe-input"}  # the `workbench run` flag that records a trace column
+
+
+def _how_to_record(cols) -> str:
+    flags = " ".join(dict.fromkeys(RECORD_FLAG[c] for c in cols if c in RECORD_FLAG))
+    return f"record it again: workbench run ... --trace FILE {flags}".rstrip()
+
+
 def require_columns(df: pd.DataFrame, cols, what: str) -> None:
     missing = [c for c in cols if c not in df.columns]
     if missing:
-        raise ValueError(
-            f"{what} needs trace columns {missing}, which this trace lacks; "
-            "record them (e.g. `workbench run ... --trace FILE` with moe_input / predictor recording on)"
-        )
+        raise ValueError(f"{what} needs trace columns {missing}, which this trace lacks; {_how_to_record(missing)}")
     for c in cols:
         if len(df) and df[c].isna().all():
-            raise ValueError(f"{what} needs trace column {c!r}, but it is empty (None) in every row; re-record with it on")
+            raise ValueError(f"{what} needs trace column {c!r}, but it is empty (None) in every row; "
+                             f"{_how_to_record([c])}")
 
 
 def list_column(series: pd.Series, dtype=np.float32, width: int | None = None, name: str = "") -> np.ndarray:

@@ -29,7 +29,7 @@ reason is in the row), ``not measurable here`` (e.g. a number of the private eng
 computes the ``@seed`` and constructed rows itself, so it runs without a model.
 ``workload_measurements`` fills ``measured`` from the workload tables; ``ledger_extras`` adds the
 rows that need the simulator, the disk or the engine. ``claim_verdicts`` gives one verdict per
-claim id (its first row, the method closest to the document's); ``ledger_text`` renders rows
+claim id (its first row, the method closest to the document's); ``viz.tables.ledger_table`` renders rows
 as a plain table. Every note and verdict is computed.
 """
 
@@ -406,31 +406,17 @@ def claim_verdicts(ledger: pd.DataFrame) -> pd.Series:
     return ledger.groupby("id", sort=False)["verdict"].first()
 
 
+def verdict_totals(verdicts) -> str:
+    """Totals worded once, for the command line, notebook 08 and the report's index:
+    "14 of 57 claims reproduced, 35 differ, 8 not measured" (in ``VERDICTS`` order)."""
+    v = pd.Series(list(verdicts), dtype=object).value_counts()
+    rest = [f"{int(v[k])} {'differ' if k == 'differs' else k}" for k in VERDICTS[1:] if k in v]
+    return ", ".join([f"{int(v.get('reproduced', 0))} of {int(v.sum())} claims reproduced"] + rest)
+
+
 def headline_counts(ledger: pd.DataFrame) -> str:
-    """"R of N claims reproduced, ..." counting claim ids (exact counts)."""
-    v = claim_verdicts(ledger).value_counts()
-    n = int(v.sum())
-    rest = ", ".join(f"{int(v[k])} {k}" for k in VERDICTS[1:] if k in v)
-    return f"{int(v.get('reproduced', 0))} of {n} claims reproduced" + (f", {rest}" if rest else "")
-
-
-def ledger_text(ledger: pd.DataFrame) -> str:
-    """The rows as a plain text table (one line each): id, quantity, seed, ours, interval, verdict, rule, method."""
-    def num(x):
-        return "-" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.4g}"
-
-    lines = []
-    for r in ledger.itertuples():
-        ranged = r.seed_low != r.seed_high and not np.isnan(r.seed_low)
-        seed = f"{num(r.seed_low)}..{num(r.seed_high)}" if ranged else num(r.seed)
-        iv = "" if np.isnan(r.low) else f"[{num(r.low)}, {num(r.high)}] n={r.n}"
-        if not np.isnan(r.pi_low):
-            iv += f" pi [{num(r.pi_low)}, {num(r.pi_high)}]"
-        q = "" if r.quantity == "as claimed" else f" ({r.quantity})"
-        why = f" ({r.reason})" if r.reason else ""
-        lines.append(f"{r.id + q:<44} seed {seed:<13} ours {num(r.ours):<8} {iv:<40} {r.verdict}{why}"
-                     f"{' [timing]' if r.timing else ''}; {r.rule}; {r.method}")
-    return "\n".join(lines)
+    """``verdict_totals`` over claim ids (one verdict each: ``claim_verdicts``), not rows."""
+    return verdict_totals(claim_verdicts(ledger))
 
 
 # --------------------------------------------------------------------------- from workload tables

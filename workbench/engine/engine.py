@@ -23,7 +23,7 @@ from ..arena.claims import preload
 from ..arena.counters import Counters
 from .. import cuda
 from ..arrays import to_numpy
-from ..config import AheadConfig, ArenaConfig, IOConfig, as_arena
+from ..config import AheadConfig, ArenaConfig, IOConfig, KVConfig, as_arena
 from ..families import family_of, gate_weights, router_logits
 from ..hooks import Hooks
 from ..io.scheduler import IOScheduler
@@ -60,17 +60,22 @@ def parse_device(device):
 
 class Engine(SpeculativeMixin):
     def __init__(self, store, arena: ArenaConfig | str | int | float = ArenaConfig(), io: IOConfig = IOConfig(),
-                 ahead: AheadConfig | None = None, decode="auto", device=None, sync_cost=None, seed=None, progress=True):
+                 ahead: AheadConfig | None = None, decode="auto", device=None, sync_cost=None, seed=None, progress=True,
+                 kv: KVConfig = KVConfig()):
         """``arena``: an ArenaConfig (a bare size such as "25%" means ``ArenaConfig(size)``); ``io``: an
         IOConfig; ``ahead``: read-ahead and cache-aware routing (``routing.setup.configure``; None: exact,
         no read-ahead). ``decode``: auto (a controller picks per token), optimistic or layer
         (docs/engine.md). ``device``: cpu or gpu (default: MLX's default device). ``seed``: seed
         MLX's generator right before the model is built, where mlx-lm's generate seeds (building a
-        model draws from it), so sampling at a seed matches ``mlx_lm generate --seed``."""
+        model draws from it), so sampling at a seed matches ``mlx_lm generate --seed``. ``kv``: the KV
+        cache and prefill step (a KVConfig: ``--max-kv-size``, ``--kv-bits``, ``--prefill-step-size``)."""
         arena = as_arena(arena)
         if not isinstance(io, IOConfig) or not (ahead is None or isinstance(ahead, AheadConfig)):
             raise TypeError("Engine: io must be an IOConfig and ahead an AheadConfig (workbench.config)")
         self.reader = self.io = self.arena = None
+        if not isinstance(kv, KVConfig):
+            raise TypeError("Engine: kv must be a KVConfig (workbench.config)")
+        self.kv = kv
         try:
             self._open(store, arena, io, ahead, decode, device, sync_cost, seed, progress)
         except BaseException:
@@ -215,10 +220,11 @@ class Engine(SpeculativeMixin):
 
     # ---- calls: each makes a Run ---------------------------------------------------------
     def generate(self, prompt, max_tokens=32, trace=None, progress=None, stop_at_eos=False, sampler=None,
-                 eos_token_ids=None) -> Result:
+                 eos_token_ids=None, on_token=None) -> Result:
         """Generate after ``prompt`` (text or ids), ordered as mlx-lm's generate_step: greedy, or
         ``sampler(logprobs)`` once per token (e.g. mlx-lm's make_sampler). Stops at
-        ``eos_token_ids`` (or the tokenizer's EOS ids with ``stop_at_eos``)."""
+        ``eos_token_ids`` (or the tokenizer's EOS ids with ``stop_at_eos``). ``on_token(token)`` is
+        called as each token is out (``workbench run`` streams the text through it)."""
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         ids = self.encode(prompt)
@@ -228,7 +234,7 @@ class Engine(SpeculativeMixin):
         run = Run(self, ids, max_tokens, trace, sampler)
         bar = tqdm(total=max_tokens, desc="decode", unit="tok", disable=not (self.progress if progress is None else progress))
         try:
-            logits, tokens, times, residency = run.generate(bar, eos)
+            logits, tokens, times, residency = run.generate(bar, eos, on_token)
         finally:
             bar.close()
             run.close()

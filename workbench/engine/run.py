@@ -55,15 +55,16 @@ class Run:
         self.controller = Controller(engine.decode, len(engine.m.moe_layers), engine.sync_cost,
                                      expect_misses=engine.n_slots < engine.m.n_routed)
         self.claims = Claims(self.arena, engine.top_k, on_begin=self.selected)
-        self.cache = make_prompt_cache(engine.model)
+        self.kv = engine.kv
+        self.cache = make_prompt_cache(engine.model, max_kv_size=self.kv.max_size)
         self.step, self.pos0 = 0, 0
         self.last = Pass(self, 0)  # the pass whose layer values the hook points read
         self.ahead = None  # optimistic decode: the next token's pass, launched before this one settles
 
     # ---- the decode loop ---------------------------------------------------------------
-    def generate(self, bar, eos) -> tuple:
-        """Prefill, then decode up to ``max_step`` tokens (stopping after one in ``eos``):
-        (last logits, tokens, step times, residency hash)."""
+    def generate(self, bar, eos, on_token=None) -> tuple:
+        """Prefill, then decode up to ``max_step`` tokens (stopping after one in ``eos``), calling
+        ``on_token(token)`` as each is out: (last logits, tokens, step times, residency hash)."""
         residency = hashlib.sha256()
         tokens, times = [], []
         if len(self.prompt) > 1:  # prefill: every prompt token but the last, in one pass
@@ -72,6 +73,7 @@ class Run:
         for step in range(1, self.max_step + 1):
             t0 = time.perf_counter()
             logits, y, token = self.token(step, y)
+            self.kv.quantize(self.cache)  # where mlx-lm's generate_step quantizes: after each model call
             times.append(time.perf_counter() - t0)
             tokens.append(token)
             residency.update(self.arena.map.signature())
@@ -79,6 +81,8 @@ class Run:
             if self.engine.hooks.active:
                 self.engine.hooks.fire("token.end", token, step=self.step, counters=self.counters.rows)
             bar.update(1)
+            if on_token is not None:
+                on_token(token)
             if token in eos:
                 break
         return logits, tokens, times, residency.hexdigest()
@@ -100,11 +104,13 @@ class Run:
         return p.finish()
 
     def prefill(self, x, protect=True) -> None:
-        """Prompt tokens ``x`` (a 1-D array) in one pass, step 0; ``protect``: keep the prompt's
-        hottest experts hottest afterwards."""
+        """Prompt tokens ``x`` (a 1-D array) in passes of ``--prefill-step-size`` tokens (one pass by
+        default), step 0; ``protect``: keep the prompt's hottest experts hottest afterwards."""
         self.begin_step(0, "prefill")
-        self.call(SyncPass(self, 0), x[None])
-        mx.eval([c.state for c in self.cache])
+        for i in range(0, len(x), self.kv.prefill_step):
+            self.call(SyncPass(self, 0), x[i:i + self.kv.prefill_step][None])
+            self.kv.quantize(self.cache)
+            mx.eval([c.state for c in self.cache])
         if protect:
             self.claims.protect_prompt_hot()
 
@@ -186,7 +192,7 @@ class Run:
     def optimistic_now(self) -> bool:
         """Optimistic decode needs the exact router (no cache-aware routing) and caches that can
         roll back one position; the controller decides from the recent miss pattern."""
-        return self.router is None and can_rewind(self.cache) and self.controller.optimistic()
+        return self.router is None and self.kv.rewinds and can_rewind(self.cache) and self.controller.optimistic()
 
     def handshake_now(self) -> bool:
         """The handshake serves a per-layer token when nothing needs the layers' values on the host

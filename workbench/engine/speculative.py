@@ -69,12 +69,13 @@ def _logprobs(logits):
 
 
 def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_tokens=3, sampler=None,
-                         eos_token_ids=(), progress=None):
+                         eos_token_ids=(), progress=None, on_token=None):
     """Draft ``num_draft_tokens`` with the resident ``draft_model``, verify them in one batched pass
     through the streamed target (which reads the union of the drafted tokens' experts), keep the
     agreeing prefix plus the target's own next token, and trim both KV caches of the rejected
     positions. The order of work (and so of sampler calls) is ``mlx_lm``'s
-    ``speculative_generate_step``; at temperature 0 the tokens equal plain greedy decoding."""
+    ``speculative_generate_step``; at temperature 0 the tokens equal plain greedy decoding.
+    ``on_token(token)`` is called for each kept token as its verify pass settles."""
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
     from mlx_lm.sample_utils import greedy_sampler
     from tqdm.auto import tqdm
@@ -129,6 +130,8 @@ def speculative_generate(engine, draft_model, prompt, max_tokens=32, num_draft_t
                 new = new[:next(i for i, t in enumerate(new) if t in eos) + 1]
             tokens.extend(new)
             bar.update(len(new))
+            for t in new if on_token is not None else ():
+                on_token(t)
             pass_times.append(t2 - t0)
             draft_s += t1 - t0
             passes.append({"step": passes_done, "drafted": n_draft, "accepted": n, "emitted": len(new),

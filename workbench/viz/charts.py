@@ -8,6 +8,8 @@ Save with ``workbench.viz.render.save_chart``.
 
 from __future__ import annotations
 
+import textwrap
+
 import altair as alt
 import numpy as np
 import pandas as pd
@@ -200,7 +202,9 @@ def precision_chart(table: pd.DataFrame) -> alt.Chart:
         y=alt.Y("precision:Q", title="precision: candidates claimed (%)", axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
         color=alt.Color("source:N", scale=sc, title="predictor source"),
         tooltip=["source", "rank", alt.Tooltip("precision:Q", format=".1%"), "n"])
-    err = alt.Chart(t).mark_errorbar().encode(x="rank:O", y="ci_lo:Q", y2="ci_hi:Q", color=alt.Color("source:N", scale=sc))
+    err = alt.Chart(t).mark_errorbar().encode(x=alt.X("rank:O", title="candidate rank (1 = best)"),
+                                              y=alt.Y("ci_lo:Q", title="precision: candidates claimed (%)"), y2="ci_hi:Q",
+                                              color=alt.Color("source:N", scale=sc))
     return alt.layer(err, pts).properties(width=380, height=240, title=_title("Predictor precision by rank", "bars: Wilson 95%"))
 
 
@@ -241,11 +245,11 @@ def ledger_chart(ledger: pd.DataFrame) -> alt.Chart:
     unmeasured rows and paired differences (``paired_difference_chart``) omitted. 1 = the seed's value."""
     t = ledger.dropna(subset=["ours"]).copy()
     t = t[(t["seed"] != 0) & (t.get("quantity", "") != "paired difference")]
-    t["row"] = t["id"] + " · " + t["method"].str.slice(0, 40)
+    t["row"] = t["id"] + " · " + t["method"].map(lambda m: textwrap.shorten(str(m), 44, placeholder=" …"))
     for c in ("ours", "low", "high"):
         t[f"{c}_ratio"] = t[c] / t["seed"]
     sc = color_scale(["reproduced", "differs", "not comparable", "not measurable here"])
-    y = alt.Y("row:N", title="claim · method", sort=list(t["row"]))
+    y = alt.Y("row:N", title=None, sort=list(t["row"]))  # rows read "claim · method" (whole method in the tooltip)
     bars = alt.Chart(t).mark_rule().encode(y=y, x="low_ratio:Q", x2="high_ratio:Q",
                                            color=alt.Color("verdict:N", scale=sc, title="verdict"))
     dots = alt.Chart(t).mark_point(filled=True, size=60).encode(
@@ -278,12 +282,12 @@ def paired_difference_chart(row) -> alt.LayerChart:
 # --------------------------------------------------------------------------- intervals over a workload
 def interval_chart(table: pd.DataFrame, x: str, y: str, color: str | None = None, title: str = "",
                    subtitle: str | None = None, y_title: str | None = None, seed=None,
-                   y_format: str | None = None) -> alt.Chart:
+                   y_format: str | None = None, x_title: str | None = None) -> alt.Chart:
     """Estimate ``y`` with its 95% interval (columns low, high) per ``x`` (ordinal), one colour per
     ``color``, side by side; ``seed`` (a column, or a list: a range's ends) is drawn as black ticks."""
     t = table.copy()
     t[x] = t[x].astype(str)
-    enc_x = alt.X(f"{x}:N", title=x.replace("_", " "), sort=list(dict.fromkeys(t[x])), axis=alt.Axis(labelAngle=0))
+    enc_x = alt.X(f"{x}:N", title=x_title or x.replace("_", " "), sort=list(dict.fromkeys(t[x])), axis=alt.Axis(labelAngle=0))
     axis = alt.Axis(format=y_format) if y_format else alt.Axis()
     enc = dict(x=enc_x)
     if color:
@@ -332,21 +336,26 @@ def policy_ci_chart(table: pd.DataFrame, metric: str, title: str, y_title: str) 
     t = table[(table["metric"] == metric) & ~table["policy"].str.contains(" - ")].copy()
     dom = list(dict.fromkeys(t["policy"]))
     sc = color_scale(dom)
-    x = alt.X("arena:Q", title="arena, share of routed experts (%)", axis=alt.Axis(format="%"))
+    x = alt.X("arena:Q", title="arena, share of routed experts (%)", axis=alt.Axis(format="%"),
+              scale=alt.Scale(domain=[0, float(t["arena"].max()) * 1.15], nice=False))  # no point on the edge
     line = alt.Chart(t).mark_line(point=True).encode(
         x=x, y=alt.Y("value:Q", title=y_title), color=alt.Color("policy:N", scale=sc, sort=dom),
         tooltip=["policy", alt.Tooltip("arena:Q", format=".0%"), alt.Tooltip("value:Q", format=".3f"),
                  alt.Tooltip("low:Q", format=".3f"), alt.Tooltip("high:Q", format=".3f"), "n_prompts"])
-    err = alt.Chart(t).mark_errorbar(ticks=True).encode(x=x, y="low:Q", y2="high:Q", color=alt.Color("policy:N", scale=sc))
+    err = alt.Chart(t).mark_errorbar(ticks=True).encode(x=x, y=alt.Y("low:Q", title=y_title), y2="high:Q",
+                                                        color=alt.Color("policy:N", scale=sc))
     return alt.layer(err, line).properties(width=340, height=220, title=_title(title, "bars: 95% bootstrap interval over prompts"))
 
 
 def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
     """Tokens/s, hit rate and peak memory against the arena's size in GB (one point per run)."""
-    x = alt.X("arena_gb:Q", title="arena (GB)")
+    x = alt.X("arena_gb:Q", title="arena (GB)", scale=alt.Scale(padding=12))  # no run on the axis' edge
     tip = ["arena", "arena_slots", alt.Tooltip("arena_gb:Q", format=".3f"), alt.Tooltip("tokens_per_s:Q", format=".1f"),
            alt.Tooltip("hit_rate:Q", format=".1%"), alt.Tooltip("peak_memory_gb:Q", format=".3f")]
-    base = alt.Chart(table).mark_line(point=True, color=PALETTE[0]).encode(x=x, tooltip=tip)
+    few = len(table) < 3  # two sizes draw a straight line between two runs: show the runs only
+    mark = alt.Chart(table).mark_point(filled=True, size=60, color=PALETTE[0]) if few else \
+        alt.Chart(table).mark_line(point=True, color=PALETTE[0])
+    base = mark.encode(x=x, tooltip=tip)
     return alt.hconcat(
         base.encode(y=alt.Y("tokens_per_s:Q", title="decode speed (tokens/s)")).properties(width=200, height=160,
                                                                                   title="Speed"),
@@ -355,21 +364,23 @@ def fit_chart(table: pd.DataFrame) -> alt.HConcatChart:
         base.encode(y=alt.Y("peak_memory_gb:Q", title="peak MLX memory (GB)")).properties(
             width=200, height=160, title="Peak memory"),
     ).properties(title=_title("Fit my machine: what an arena of each size costs and buys",
-                              "one run per size; the model's non-expert weights stay resident as well"))
+                              ["one run per size; the model's non-expert weights stay resident as well"]
+                              + ([f"only {len(table)} sizes and {int(table['tokens'].max())} tokens each (a reduced "
+                                  "run): this checks the code runs, it measures no trend"] if few else [])))
 
 
 # --------------------------------------------------------------------------- read path
-def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit", subtitle: str | None = None):
+def readpath_chart(table, title: str = "Read path: GB/s beside a sequential read", subtitle: str | None = None):
     """Bars of GB/s per method (threads on the axis), faceted by read mode and cache state."""
     t = table.copy()
     t["cache"] = t["cold"].map({True: "cold", False: "warm"})
     t["what"] = [f"{m} ×{th}" if m.startswith("store") else m for m, th in zip(t["method"], t["threads"])]
     t["what"] = t["what"].str.replace("store blobs (preadv into slots)", "store → slots", regex=False)
     t["panel"] = t["mode"] + ", " + t["cache"]
-    t["kind"] = ["sequential limit" if m == "sequential" else ("store → slots" if m.startswith("store") else "single copy")
+    t["kind"] = ["sequential read" if m == "sequential" else ("store → slots" if m.startswith("store") else "single copy")
                  for m in t["method"]]
     order = list(dict.fromkeys(t["what"]))
-    scale = color_scale(["sequential limit", "store → slots", "single copy"])
+    scale = color_scale(["sequential read", "store → slots", "single copy"])
     bars = alt.Chart(t).mark_bar().encode(
         y=alt.Y("what:N", sort=order, title=None),
         x=alt.X("gbps:Q", title="throughput (GB/s)"),
@@ -380,5 +391,6 @@ def readpath_chart(table, title: str = "Read path: GB/s vs the sequential limit"
     if "gbps_min" in t and (t["gbps_max"] > t["gbps_min"]).any():  # the spread of the repeats
         bars = bars + alt.Chart(t).mark_rule(color="black").encode(
             y=alt.Y("what:N", sort=order), x="gbps_min:Q", x2="gbps_max:Q")
-    return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).properties(
+    return bars.facet(facet=alt.Facet("panel:N", title=None, header=alt.Header(labelFontWeight="bold")), columns=2).resolve_scale(
+        x="independent").properties(  # warm reads (page cache) run 10x cold ones: each panel its own axis
         title=alt.TitleParams(title, subtitle=subtitle or [], anchor="start"))

@@ -95,6 +95,14 @@ def _is_chart(obj) -> bool:
     return isinstance(obj, alt.TopLevelMixin)
 
 
+def show_table(df, caption: str | None = None, precision: int = 3, index: bool = False) -> None:
+    """Display ``table(...)`` wherever it stands in a cell (Jupyter shows only a cell's *last*
+    value by itself): every table a notebook promises is on its page."""
+    from IPython.display import display
+
+    display(table(df, caption, precision, index))
+
+
 def table(df, caption: str | None = None, precision: int = 3, index: bool = False):
     """A compact HTML table for counters (numbers rounded; the index shown only if ``index``).
 

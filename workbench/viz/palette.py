@@ -1,9 +1,11 @@
-"""One colour per identity, shared by every chart.
+"""One colour per identity, shared by every chart, and no two series of one chart alike.
 
 A policy, configuration, predictor source, drafter or layer keeps its colour in every chart and
 whatever else is plotted beside it: colours come from the name, never from its position in a
-legend, so deselecting one series recolours nothing. Numeric names sort as numbers (layer 2
-before layer 10). ``CONFIG`` lifts Vega-Lite's label and title length limits so no label is cut.
+legend, so deselecting one series recolours nothing. Within one chart (``color_scale``) a name
+whose colour is too close to an earlier series' (CIE76 colour difference below ``MIN_CONTRAST``)
+takes the first palette colour far enough from all of them. Numeric names sort as numbers (layer
+2 before layer 10). ``CONFIG`` lifts Vega-Lite's label and title length limits so no label is cut.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ NAMED = {
     "route": "#b07aa1",
     # predictor sources
     "d=0": "#bab0ac", "d=1": "#4e79a7", "d=2": "#76b7b2", "d=3": "#59a14f", "d=4": "#edc948",
+    "d1": "#4e79a7", "d2": "#76b7b2", "d3": "#59a14f", "d4": "#edc948",
     "prev_token": "#e15759", "oracle": "#9c755f", "none": "#bab0ac",
+    # read-ahead in the demo; teacher-forced vs free-running decode
+    "next layer": "#4e79a7", "teacher-forced": "#4e79a7", "decode": "#f28e2b",
     # drafters
     "draft_model": "#4e79a7", "ngram": "#f28e2b", "self_draft": "#e15759",
     # arena lookups, read-path methods, verdicts, booleans
     "hits": "#59a14f", "misses": "#e15759",
-    "sequential limit": "#bab0ac", "store → slots": "#4e79a7", "single copy": "#f28e2b",
+    "sequential read": "#bab0ac", "store → slots": "#4e79a7", "single copy": "#f28e2b",
     "matches": "#59a14f", "differs": "#e15759",
     "False": "#4e79a7", "True": "#f28e2b",
     # prefetch outcome classes
@@ -61,7 +66,38 @@ def color_of(name) -> str:
     m = re.fullmatch(r"(?:layer\s*)?(\d+)", name)
     if m:
         return (PALETTE + SPARE)[int(m.group(1)) % (len(PALETTE) + len(SPARE))]
-    return SPARE[zlib.crc32(name.encode()) % len(SPARE)]
+    return PALETTE[zlib.crc32(name.encode()) % len(PALETTE)]
+
+
+MIN_CONTRAST = 20.0  # CIE76 difference (Lab units) between any two series of one chart
+
+
+def _lab(colour: str) -> tuple[float, float, float]:
+    """sRGB ``#rrggbb`` -> CIE Lab (D65)."""
+    rgb = [int(colour.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    r, g, b = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    xyz = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047, 0.2126 * r + 0.7152 * g + 0.0722 * b, \
+        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+    f = [t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116 for t in xyz]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def contrast(a: str, b: str) -> float:
+    """CIE76 colour difference of two ``#rrggbb`` colours (about 2.3: just noticeable)."""
+    return sum((x - y) ** 2 for x, y in zip(_lab(a), _lab(b))) ** 0.5
+
+
+def distinct_colours(names) -> list[str]:
+    """Each name's own colour (``color_of``), unless it is closer than ``MIN_CONTRAST`` to an earlier
+    name's here: then the first palette colour far enough from every earlier one."""
+    chosen = []
+    for name in names:
+        colour = color_of(name)
+        if any(contrast(colour, c) < MIN_CONTRAST for c in chosen):
+            colour = next((p for p in PALETTE + SPARE + ["#000000"]
+                           if all(contrast(p, c) >= MIN_CONTRAST for c in chosen)), colour)
+        chosen.append(colour)
+    return chosen
 
 
 def natural_key(value):
@@ -79,7 +115,7 @@ def color_scale(domain, sort: bool = False):
     import altair as alt
 
     domain = natural_sorted(domain) if sort else list(dict.fromkeys(str(d) for d in domain))
-    return alt.Scale(domain=domain, range=[color_of(d) for d in domain])
+    return alt.Scale(domain=domain, range=distinct_colours(domain))
 
 
 def apply_config(spec: dict) -> dict:

@@ -76,3 +76,51 @@ def axes_without_unit(spec: dict) -> list[str]:
                 fields = sorted({str(e.get("field")) for e in encs if e.get("field")})
                 bad.append(f"{path} {channel}: {wrong[0] if wrong else 'no title'!r} (field {', '.join(fields)})")
     return bad
+
+
+def _explicit_titles(node, found=None) -> set:
+    """Every axis title a chart's author wrote (an encoding's ``title`` or its axis's)."""
+    found = set() if found is None else found
+    if isinstance(node, dict):
+        for key in ("title",):
+            if isinstance(node.get(key), str) and ("field" in node or "aggregate" in node):
+                found.add(node[key])
+        axis = node.get("axis")
+        if isinstance(axis, dict) and isinstance(axis.get("title"), str):
+            found.add(axis["title"])
+        for value in node.values():
+            _explicit_titles(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _explicit_titles(value, found)
+    return found
+
+
+def _axis_titles(node):
+    """The titles of every axis in a compiled Vega spec."""
+    if isinstance(node, dict):
+        for axis in node.get("axes") or []:
+            if isinstance(axis, dict) and axis.get("title") is not None:
+                yield axis["title"]
+        for value in node.values():
+            yield from _axis_titles(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _axis_titles(value)
+
+
+def field_titled_axes(spec: dict) -> list[str]:
+    """Quantitative or not, every axis as Vega-Lite draws it (compiled to Vega) must carry a title the
+    chart wrote: never a field name, and never a field name joined to one (a layer that encodes
+    ``low`` without a title turns "hit rate (%)" into "low, hit rate (%)")."""
+    import json
+
+    import vl_convert as vlc
+
+    from .render import vl_version
+
+    written = _explicit_titles(spec)
+    vega = vlc.vegalite_to_vega(json.dumps(spec), vl_version=vl_version())
+    vega = json.loads(vega) if isinstance(vega, str) else vega
+    titles = [" ".join(t) if isinstance(t, list) else str(t) for t in _axis_titles(vega)]
+    return [t for t in titles if t not in written]
