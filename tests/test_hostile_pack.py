@@ -119,11 +119,10 @@ def test_damaged_safetensors_header_is_one_line(model_dir):
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from workbench.fsutil import temp_dir
-    from workbench.store.locks import hold_packing_lock
+    from workbench.fsutil import TEMP_MARK, hold_lock, temp_dir
     tmp = temp_dir(".s.tmp-", Path(sys.argv[1]))
     (tmp / "experts.bin").write_bytes(b"partial")
-    hold_packing_lock(tmp)
+    hold_lock(tmp / TEMP_MARK)
     print(tmp, flush=True)
     time.sleep(600)
 """)

@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from workbench.fsutil import temp_dir
+from workbench.fsutil import marked_temp_dir, unmark
 from workbench.viz.headline import HEADLINE_MIME
 from workbench.viz.display import CHART_MIME, STATIC_ENV
 from workbench.viz.render import spec_rows, spec_to_png, spec_to_svg
@@ -585,6 +585,7 @@ def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished temp dir onto ``out``; the old report (checked again: only files it
     wrote) is removed after."""
     (tmp / MARK).write_text(json.dumps(_files(tmp)))
+    unmark(tmp)
     check_out(out)
     old = None
     if out.exists() and any(out.iterdir()):
@@ -622,11 +623,10 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
     check_params(paths, params)
     ensure_kernelspec(kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(f".{out.name}.tmp-", out.parent)  # the umask's mode, not mkdtemp's 0700
     t0 = time.perf_counter()
     rep = Report(out=str(out), ok=True, seconds=0.0, kernel=kernel, preset=reduced,
                  created=_dt.datetime.now().isoformat(timespec="seconds"))
-    try:
+    with marked_temp_dir(out) as tmp:  # a killed report's folder is removed by the next report into ``out``
         (tmp / "notebooks").mkdir()
         bar = tqdm(total=len(paths), desc="report", unit="notebook", disable=not progress)
         with kernel_env(static=True), _chdir(paths[0].parent), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -646,8 +646,6 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
             _publish(tmp, out)
         else:  # nothing ran: keep the previous report
             rep.published = False
-    finally:
-        if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return rep
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..fsutil import cache_dir
 from ..model import ModelError, config_hash, load_config, weight_files
-from .locks import clean_stale, file_lock, is_stale, stale_temp_dirs
+from .locks import clean_stale, file_lock, is_stale, stale_temps
 from .manifest import MANIFEST
 
 SAMPLES, SAMPLE_BYTES = 16, 4096
@@ -110,7 +110,7 @@ def list_stores() -> list[dict]:
             except (ValueError, OSError):
                 source = None
             out.append({"name": p.name, "path": str(p), "bytes": _du(p), "source": source, "stale": False})
-    for p in stale_temp_dirs(root):
+    for p in (p for p in stale_temps(root) if p.is_dir()):
         out.append({"name": p.name, "path": str(p), "bytes": _du(p), "source": None, "stale": True})
     return out
 

@@ -21,7 +21,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .. import __version__
-from ..fsutil import temp_dir
+from ..fsutil import marked_temp_dir, unmark
 from ..model import config_hash, normalize_config
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT
 
@@ -169,8 +169,7 @@ def synth_store(out, like: str | None = None, bits: int = 4, seed: int = 0, prog
     layers = moe_layers(shape)
     rng = np.random.default_rng(seed)
     pad = b"\0" * (stride - expert_bytes)
-    tmp = temp_dir(f".{out.name}.tmp-", out.parent)
-    try:
+    with marked_temp_dir(out) as tmp:  # a killed writer's folder is removed by the next synth-store of OUT
         blobs, offset = [], 0
         bar = tqdm(total=total, desc="synth store", unit="B", unit_scale=True, disable=not progress)
         with open(tmp / EXPERTS, "wb") as f:
@@ -215,12 +214,10 @@ def synth_store(out, like: str | None = None, bits: int = 4, seed: int = 0, prog
         manifest.update(resident_size=len(resident), resident_crc32=zlib.crc32(resident))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / MANIFEST).write_text(json.dumps(manifest))
+        unmark(tmp)
         if out.exists():
             out.rmdir()  # only an empty directory may stand in the way
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
