@@ -80,11 +80,11 @@ def is_stale(tmp: Path) -> bool:
 
 def stale_temps(parent, name: str | None = None) -> list[Path]:
     """Dead writers' temp folders and files in ``parent`` (of target ``name``, or of any)."""
-    pattern = f".{glob_escape(name)}.tmp-*" if name else ".*.tmp-*"
+    pattern = f".{_glob_escape(name)}.tmp-*" if name else ".*.tmp-*"
     return [p for p in sorted(Path(parent).glob(pattern)) if is_stale(p)]
 
 
-def glob_escape(name: str) -> str:
+def _glob_escape(name: str) -> str:
     return re.sub(r"([*?[])", r"[\1]", name)
 
 
