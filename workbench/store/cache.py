@@ -22,9 +22,9 @@ import struct
 from pathlib import Path
 
 from ..checks import output_dir
-from ..fsutil import cache_dir
+from ..fsutil import cache_dir, clean_stale, is_stale, stale_temps
 from ..model import ModelError, config_hash, load_config, weight_files
-from .locks import clean_stale, file_lock, is_stale, stale_temps
+from .locks import file_lock
 from .manifest import MANIFEST
 
 SAMPLES, SAMPLE_BYTES = 16, 4096

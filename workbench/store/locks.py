@@ -2,8 +2,7 @@
 
 One process packs into a store directory at a time: it holds an ``flock`` on ``.NAME.lock``
 beside it (``file_lock``). A packer's temp folder is marked as every writer's is
-(``fsutil.marked_temp_dir``: a locked ``.packing`` file inside it); a folder whose lock is free
-belongs to a dead packer (``is_stale``) and is removed (``clean_stale``).
+(``fsutil.marked_temp_dir``); a dead packer's is removed by ``fsutil.clean_stale``.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import fcntl
 import os
 import sys
 from pathlib import Path
-
-from ..fsutil import TEMP_MARK as PACKING, clean_stale, is_stale, stale_temps  # noqa: F401 (pack's and the cache's)
 
 
 @contextlib.contextmanager

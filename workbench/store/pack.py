@@ -15,10 +15,10 @@ from mlx.utils import tree_flatten
 from tqdm.auto import tqdm
 
 from .. import __version__
-from ..fsutil import cache_dir, marked_temp_dir, unmark
+from ..fsutil import cache_dir, clean_stale, marked_temp_dir, unmark
 from ..model import (ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of,
                      weight_files)
-from .locks import clean_stale, file_lock
+from .locks import file_lock
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, StoreError, file_crc32
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
