@@ -116,7 +116,7 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
     cases = [
         (["run", str(store), "--prompt-ids", "1,2,999"], "outside the vocabulary"),
         (["run", str(store), "--prompt-ids", "1", "--arena", "1"], "cannot hold"),
-        (["run", str(store), "--prompt-ids", "1", "--trace", str(tmp_path / "nope" / "t.parquet")], "cannot write trace"),
+        (["run", str(store), "--prompt-ids", "1", "--trace", str(tmp_path / "nope" / "t.parquet")], "folder"),
         (["run", str(store), "--prompt-ids", "1", "--policy", "nosuch"], "unknown policy"),
         (["run", str(tmp_path / "missing"), "--prompt-ids", "1"], "does not exist"),
     ]

@@ -285,7 +285,7 @@ def test_missing_hf_repo_is_one_clear_error_without_download(tmp_path, monkeypat
 
 def test_bad_sampling_values_are_refused(capsys):
     assert main(["run", "x", "-p", "hi", "--temp", "-1"]) == 2
-    assert "temp >= 0" in capsys.readouterr().err
+    assert "--temp -1.0 is out of range: give a value >= 0" in capsys.readouterr().err
 
 
 def test_read_prompt_expands_escapes_as_mlx_lm(monkeypatch):

@@ -72,7 +72,7 @@ def test_config_not_json(model_dir):
     with pytest.raises(ModelError, match="is not valid JSON"):
         load_config(model_dir)
     (model_dir / "config.json").write_bytes(b"\xff\xfe\x00")
-    with pytest.raises(ModelError, match="is not valid JSON"):
+    with pytest.raises(ModelError, match="is not UTF-8 text .*restore the model's config.json"):
         load_config(model_dir)
 
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.hostile_util import REPO, assert_clean_error
+from workbench import fsutil
 from workbench.fsutil import os_error_hint, temp_dir
 from workbench.model import weight_files
-from workbench.store import cache, locks
+from workbench.store import cache
 from workbench.store.manifest import MANIFEST, StoreError
 from workbench.store.pack import pack
 
@@ -119,11 +120,10 @@ def test_damaged_safetensors_header_is_one_line(model_dir):
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from workbench.fsutil import temp_dir
-    from workbench.store.locks import hold_packing_lock
+    from workbench.fsutil import TEMP_MARK, hold_lock, temp_dir
     tmp = temp_dir(".s.tmp-", Path(sys.argv[1]))
     (tmp / "experts.bin").write_bytes(b"partial")
-    hold_packing_lock(tmp)
+    hold_lock(tmp / TEMP_MARK)
     print(tmp, flush=True)
     time.sleep(600)
 """)
@@ -138,16 +138,16 @@ def _holder(parent):
 def test_a_live_packers_folder_is_kept_a_dead_ones_removed(model_dir, tmp_path):
     p, tmp = _holder(tmp_path)
     try:
-        assert tmp.is_dir() and not locks.is_stale(tmp)
-        assert locks.clean_stale(tmp_path) == [] and tmp.is_dir()
+        assert tmp.is_dir() and not fsutil.is_stale(tmp)
+        assert fsutil.clean_stale(tmp_path) == [] and tmp.is_dir()
     finally:
         p.kill()
         p.wait()
-    assert locks.is_stale(tmp)
+    assert fsutil.is_stale(tmp)
     unmarked = temp_dir(".s.tmp-", tmp_path)  # not a packer's folder: never touched
     pack(model_dir, tmp_path / "s", progress=False)
     assert not tmp.exists() and unmarked.is_dir()
-    assert (tmp_path / "s" / MANIFEST).exists() and not (tmp_path / "s" / locks.PACKING).exists()
+    assert (tmp_path / "s" / MANIFEST).exists() and not (tmp_path / "s" / fsutil.TEMP_MARK).exists()
 
 
 def test_cache_list_shows_and_rm_removes_a_dead_packers_folder(cache_env):
@@ -201,7 +201,7 @@ def test_killed_pack_leaves_a_folder_the_next_pack_removes(model_dir, tmp_path, 
     os.kill(p.pid, sig)
     p.wait(timeout=60)
     left = list((tmp_path / "out").glob(".s.tmp-*"))
-    assert len(left) == 1 and locks.is_stale(left[0])
+    assert len(left) == 1 and fsutil.is_stale(left[0])
     pack(model_dir, target, progress=False)
     assert not left[0].exists() and (target / MANIFEST).exists()
 

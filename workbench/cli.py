@@ -7,7 +7,9 @@ import functools
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 
 SUBCOMMAND_MODULES = ("workbench.cli_policy", "workbench.cli_sim", "workbench.cli_analysis", "workbench.cli_report",
                       "workbench.cli_scale", "workbench.cli_ledger")
@@ -168,6 +170,7 @@ def engine_config(args) -> dict:
 
     if getattr(args, "max_tokens", None) is not None:
         whole("--max-tokens", args.max_tokens, 1)
+    whole("--seed", getattr(args, "seed", None), 0, 2**64 - 1, none_ok=True)  # MLX's generator takes a uint64
     return dict(arena=arena_config(args, writes=args.slot_writes), io=io_config(args, args.verify),
                 ahead=ahead_config(args), device=args.device, decode=args.decode, seed=getattr(args, "seed", None),
                 kv=kv_config(args))
@@ -269,6 +272,15 @@ def add_generation_args(p):
                    help="with --draft-model: also run plain streaming on a fresh engine and report both")
 
 
+def check_run_flags(args) -> None:
+    """``run``'s values that need no model, checked before anything is packed or opened."""
+    from .checks import whole
+
+    engine_config(args)  # arena, policy, I/O, read-ahead, seed, --max-tokens
+    if args.draft_model:
+        whole("--num-draft-tokens", args.num_draft_tokens, 1)
+
+
 def prompt_ids(args, eng, tok):
     """The prompt's ids and whether the chat template built them: ``--prompt-ids`` as they are,
     else the prompt text (mlx-lm's default ``hello`` when neither is given)."""
@@ -297,6 +309,7 @@ def run_and_print(args):
     from .store.cache import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
+    from .config import VERIFY_NEVER_RISK
 
     name = args.model_flag or args.model or str(default_model())
     if args.model_flag and args.model and args.model_flag != args.model:
@@ -306,14 +319,16 @@ def run_and_print(args):
     gen.chat_template_config(args.chat_template_config)  # checked before anything is packed
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
     talk = args.verbose and not args.json  # progress bars and the streamed text
-    args.model = str(resolve_store(gen.resolve_model(name), progress=talk, store=getattr(args, "store", None)))  # packs on first use
+    check_run_flags(args)
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
+    args.model = str(resolve_store(gen.resolve_model(name), progress=talk, store=getattr(args, "store", None)))  # packs on first use
     with open_engine(args, progress=talk) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)
         ids, chat = prompt_ids(args, eng, tok)
         eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)
         stream = gen.TextStream(tok, eos) if talk and tok is not None else None
+        gen.check_context(eng.config, len(ids))  # before prefill
         if draft is not None:
             gen.check_draft(draft, eng.config)
             run = lambda: speculative_generate(eng, draft[0], ids, args.max_tokens, args.num_draft_tokens,  # noqa: E731
@@ -344,11 +359,11 @@ def run_and_print(args):
     elif not args.verbose:  # mlx_lm generate --verbose False prints the response only
         print(text if text is not None else ",".join(map(str, res.tokens)))
     else:
-        _print_summary(res, text, timing, stream is not None)
+        _print_summary(res, text, timing, stream is not None, args.verify)
     return res.tokens, ids
 
 
-def _print_summary(res, text, timing, streamed) -> None:
+def _print_summary(res, text, timing, streamed, verify) -> None:
     """After the streamed text: mlx-lm's summary lines (or its "No text generated"), then the counters."""
     from . import generate as gen
     from .viz.tables import speculative_table, summary_table
@@ -361,6 +376,8 @@ def _print_summary(res, text, timing, streamed) -> None:
         print(f"tokens: {res.tokens} (this store has no tokenizer)")
     print(gen.NO_TEXT if streamed and not text else timing.summary())
     print(summary_table(stats))
+    if verify == "never":
+        print(VERIFY_NEVER_RISK)
     if "speculative" in stats:
         print(speculative_table(stats))
 
@@ -421,7 +438,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    parser = Parser(prog="workbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("pack", help="split an mlx-lm MoE model into an expert store")
@@ -475,9 +492,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (the flag, the problem, where the help is)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+
+def _exit_at_start_up(signum, frame):
+    os._exit(130)  # only imports ran: nothing to clean up, and no library's ``except:`` can swallow it
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
+    old = signal.signal(signal.SIGINT, _exit_at_start_up) if main_thread else None  # imports mlx-lm (seconds)
     try:
+        parser = build_parser()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, old)
+    try:
+        args = parser.parse_args(argv)
         return args.func(args)
     except KeyboardInterrupt:
         return 130

@@ -36,6 +36,22 @@ def _num(x):
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
+def check_model_dir(path) -> None:
+    """--model is an mlx-lm model directory (the ledger also runs it resident), not a store."""
+    from pathlib import Path
+
+    from workbench.model import load_config, weight_files
+    from workbench.store.manifest import MANIFEST
+
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        raise ValueError(f"--model {path} is a workbench store; the ledger also runs the model resident, so give the "
+                         "mlx-lm model directory it was packed from (`workbench cache list` shows it)")
+    load_config(path)
+    if not weight_files(path):
+        raise ValueError(f"--model {path} has no model*.safetensors; give an mlx-lm model directory")
+
+
 def cmd_ledger(args) -> int:
     from workbench.analysis.ledger import COLUMNS, claim_verdicts, headline_counts, workload_ledger
     from workbench.analysis.workload import SMALL, record_workload, workload_set
@@ -45,6 +61,8 @@ def cmd_ledger(args) -> int:
         args.per_domain, args.prompt_tokens, args.max_tokens = SMALL["per_domain"], SMALL["prompt_tokens"], SMALL["max_tokens"]
         args.no_live = True
     try:
+        if args.model is not None:
+            check_model_dir(args.model)
         w = record_workload(workload_set(args.per_domain), args.model, args.prompt_tokens, args.max_tokens,
                             progress=not args.json)
         led, _ = workload_ledger(w, live=not args.no_live, cosine_layers=2 if args.small else 0,

@@ -158,9 +158,10 @@ def cmd_export(args) -> int:
     from .trace.schema import TraceError
 
     try:
-        from .checks import whole
+        from .checks import output_file, whole
 
         whole("--size", args.size, 1, none_ok=True)
+        output_file("OUT", args.out)
         n = export(args.trace, args.format, args.out, size=args.size, phase=args.phase)
     except (TraceError, ValueError, OSError) as err:
         return _fail(err)

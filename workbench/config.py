@@ -26,6 +26,8 @@ READ_MODES = ("buffered", "dontneed", "direct", "nocache")
 # whenever experts.bin's size or mtime differs from when it was last checked (one fstat per read).
 # first: only the first read of each blob. never: no checksums.
 VERIFY_MODES = ("always", "changed", "first", "never")
+VERIFY_NEVER_RISK = ("verify: never: no expert read was checksummed, so a damaged or changed experts.bin gives wrong "
+                     "output without an error; use --verify changed (the default) except to benchmark the raw read path")
 # read-ahead ranking and routing: raw exact router, raw top-k of predicted logits; resident_bonus
 # cache-aware router with p=3 and no r1 (approximate); cache_aware cache-aware router with p, b, r1.
 # The seed's audit calls them UNPERT=1, UNPERT=0 and route; those spellings are accepted too.

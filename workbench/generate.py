@@ -8,6 +8,7 @@ sampler (mlx-lm's own ``make_sampler``), which ids stop generation, and mlx-lm's
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .checks import MAX_TEXT_BYTES, real, whole
 from .model import ModelError
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -78,10 +80,27 @@ def check_draft(draft, target_config: dict):
 
 
 def read_prompt(text: str) -> str:
-    """``-`` reads stdin; ``\\n`` and ``\\t`` escapes are expanded, as in ``mlx_lm generate``."""
+    """``-`` reads stdin (UTF-8, at most ``MAX_TEXT_BYTES``); ``\\n`` and ``\\t`` escapes are expanded,
+    as in ``mlx_lm generate``."""
     if text == "-":
-        return sys.stdin.read()
+        raw = getattr(sys.stdin, "buffer", None)  # None for a text stream (a notebook's, a test's)
+        data = raw.read(MAX_TEXT_BYTES + 1) if raw is not None else sys.stdin.read(MAX_TEXT_BYTES + 1).encode()
+        if len(data) > MAX_TEXT_BYTES:
+            raise ValueError(f"--prompt -: stdin holds more than {MAX_TEXT_BYTES} bytes; give a shorter prompt")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--prompt -: stdin is not UTF-8 text (byte {e.start} of {len(data)}); pipe text, "
+                             "or give token ids with --prompt-ids") from None
     return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def check_context(config: dict, prompt_tokens: int) -> None:
+    """Refuse a prompt that does not fit the model's context (``max_position_embeddings``) before prefill."""
+    limit = config.get("max_position_embeddings")
+    if limit and prompt_tokens >= limit:
+        raise ValueError(f"the prompt is {prompt_tokens} tokens; the model's context is {limit} "
+                         f"(max_position_embeddings in its config.json): shorten the prompt to under {limit} tokens")
 
 
 def uses_chat_template(tokenizer, ignore_chat_template=False) -> bool:
@@ -115,7 +134,13 @@ def build_prompt(tokenizer, text: str, system_prompt=None, ignore_chat_template=
         messages.append({"role": "user", "content": text})
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              **(template_kwargs or {}))
-    return list(tokenizer.encode(text, add_special_tokens=not chat))
+    quiet = logging.getLogger("transformers.tokenization_utils_base")  # its too-long warning: check_context says it
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return list(tokenizer.encode(text, add_special_tokens=not chat))
+    finally:
+        quiet.setLevel(level)
 
 
 def make_sampler(temp=0.0, top_p=1.0, min_p=0.0, top_k=0):
@@ -123,9 +148,9 @@ def make_sampler(temp=0.0, top_p=1.0, min_p=0.0, top_k=0):
     argmax too and the engine's own greedy path (optimistic decode included) picks the same token."""
     from mlx_lm.sample_utils import make_sampler as mlx_make_sampler
 
-    if temp < 0 or not 0 <= top_p <= 1 or not 0 <= min_p <= 1 or top_k < 0:
-        raise ValueError(f"sampling wants temp >= 0, 0 <= top-p <= 1, 0 <= min-p <= 1, top-k >= 0; "
-                         f"got temp={temp} top-p={top_p} min-p={min_p} top-k={top_k}")
+    temp = real("--temp", temp, 0)
+    top_p, min_p = real("--top-p", top_p, 0, 1), real("--min-p", min_p, 0, 1)
+    top_k = whole("--top-k", top_k, 0)
     if temp == 0:
         return None
     return mlx_make_sampler(temp, top_p, min_p, 1, top_k=top_k)
@@ -133,19 +158,32 @@ def make_sampler(temp=0.0, top_p=1.0, min_p=0.0, top_k=0):
 
 def eos_ids(tokenizer, config: dict, extra=()) -> set[int]:
     """The ids that end generation: the tokenizer's (or the config's ``eos_token_id`` when there is
-    no tokenizer) plus ``--extra-eos-token`` entries (a token string or an id)."""
+    no tokenizer) plus ``--extra-eos-token`` entries (a token string or an id in the vocabulary)."""
+    added = [extra_eos_id(tokenizer, config.get("vocab_size"), token) for token in extra]
     if tokenizer is not None:
-        for token in extra:
-            tokenizer.add_eos_token(token)
+        for token_id in added:
+            tokenizer.add_eos_token(str(token_id))
         return set(tokenizer.eos_token_ids)
     ids = config.get("eos_token_id")
     ids = set() if ids is None else {int(ids)} if isinstance(ids, int) else {int(i) for i in ids}
-    for token in extra:
-        try:
-            ids.add(int(token))
-        except ValueError:
-            raise ValueError(f"--extra-eos-token {token!r}: this model has no tokenizer, give a token id") from None
-    return ids
+    return ids | set(added)
+
+
+def extra_eos_id(tokenizer, vocab, token: str) -> int:
+    """One ``--extra-eos-token`` entry as an id: a whole number in [0, vocab), or a token of the tokenizer."""
+    try:
+        token_id = int(token)
+    except ValueError:
+        if tokenizer is None:
+            raise ValueError(f"--extra-eos-token {token!r}: this model has no tokenizer; give a token id") from None
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        unk = getattr(tokenizer, "unk_token_id", None)
+        if token_id is None or (token_id == unk and token != getattr(tokenizer, "unk_token", None)):
+            raise ValueError(f"--extra-eos-token {token!r} is not a token of this tokenizer; give a token it has "
+                             "(as the tokenizer spells it) or a token id") from None
+    if token_id < 0 or (vocab and token_id >= vocab):
+        raise ValueError(f"--extra-eos-token {token} is outside the vocabulary [0, {vocab}); give an id in range")
+    return token_id
 
 
 def decode(tokenizer, tokens, eos=()) -> str | None:

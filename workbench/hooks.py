@@ -7,13 +7,18 @@ returns something other than None, that replaces the value (meaningful for array
 router logits). With no subscriber the engine skips the call entirely (``hooks.active``).
 Forward points (``layer.{i}.moe.input``, ``layer.{i}.router.logits``) carry ``step`` and
 ``attempt`` (a layer recomputed by optimistic decode fires again with a higher attempt); the
-others fire once per verified value.
+others fire once per verified value. A hook that raises ends the run with a ``HookError`` naming
+the hook, the point and the error (the engine stays usable; the original is its ``__cause__``).
 """
 
 from __future__ import annotations
 
 import fnmatch
 from contextlib import contextmanager
+
+
+class HookError(RuntimeError):
+    """A subscriber raised; the message names it, the hook point and the error."""
 
 
 class Hooks:
@@ -57,7 +62,14 @@ class Hooks:
 
     def fire(self, name: str, value=None, **ctx):
         for fn in self.subscribers(name):
-            out = fn(value, name=name, **ctx)
+            try:
+                out = fn(value, name=name, **ctx)
+            except HookError:
+                raise
+            except Exception as e:
+                where = "".join(f" {k} {ctx[k]}" for k in ("layer", "expert", "step") if ctx.get(k) is not None)
+                raise HookError(f"hook {getattr(fn, '__qualname__', fn)!s} on {name}{where} raised "
+                                f"{type(e).__name__}: {e}; fix the hook or remove it (engine.hooks.remove)") from e
             if out is not None:
                 value = out
         return value

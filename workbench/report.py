@@ -40,7 +40,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from workbench.fsutil import temp_dir
+from workbench.checks import output_dir, read_text, whole
+from workbench.fsutil import marked_temp_dir, unmark
 from workbench.viz.headline import HEADLINE_MIME
 from workbench.viz.display import CHART_MIME, STATIC_ENV
 from workbench.viz.render import spec_rows, spec_to_png, spec_to_svg
@@ -114,7 +115,7 @@ def load_params(params=None) -> dict:
         if not path.exists():
             raise ValueError(f"--params {params!r}: no such file and not a preset "
                              f"(presets: {', '.join(PRESETS)})")
-        text = path.read_text()
+        text = read_text("--params", path)
         try:
             if path.suffix.lower() == ".json":
                 raw = json.loads(text)
@@ -543,10 +544,13 @@ def check_out(out) -> Path:
     ``out`` may be missing, an empty directory, or a previous report (its ``MARK`` lists the
     files it wrote). Anything else would be deleted when the new report replaces it."""
     out = Path(out).resolve()
+    fix = "give a new or empty directory in a writable folder"
+    output_dir("--out", out, fix=fix)
+    output_dir("--out", out.parent, fix=fix)  # the report is renamed into place there
+    if os.path.ismount(out):
+        raise ValueError(f"--out {out} is a mount point, which a finished report cannot replace; give a folder inside it")
     if not out.exists():
         return out
-    if not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a directory; give a new or empty directory")
     files = _files(out)
     if not files and not any(out.iterdir()):
         return out
@@ -585,6 +589,7 @@ def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished temp dir onto ``out``; the old report (checked again: only files it
     wrote) is removed after."""
     (tmp / MARK).write_text(json.dumps(_files(tmp)))
+    unmark(tmp)
     check_out(out)
     old = None
     if out.exists() and any(out.iterdir()):
@@ -607,6 +612,8 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
 
     from tqdm.auto import tqdm
 
+    whole("--jobs", jobs, 1, none_ok=True)
+    whole("--timeout", timeout, 1)
     out = check_out(out if out else DEFAULT_OUT)
     paths = list_notebooks(only, notebook_dir)
     if preset is not None:
@@ -622,11 +629,10 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
     check_params(paths, params)
     ensure_kernelspec(kernel)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(f".{out.name}.tmp-", out.parent)  # the umask's mode, not mkdtemp's 0700
     t0 = time.perf_counter()
     rep = Report(out=str(out), ok=True, seconds=0.0, kernel=kernel, preset=reduced,
                  created=_dt.datetime.now().isoformat(timespec="seconds"))
-    try:
+    with marked_temp_dir(out) as tmp:  # a killed report's folder is removed by the next report into ``out``
         (tmp / "notebooks").mkdir()
         bar = tqdm(total=len(paths), desc="report", unit="notebook", disable=not progress)
         with kernel_env(static=True), _chdir(paths[0].parent), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -646,8 +652,6 @@ def build_report(out=None, params=None, only=None, *, preset: str | None = None,
             _publish(tmp, out)
         else:  # nothing ran: keep the previous report
             rep.published = False
-    finally:
-        if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return rep
 

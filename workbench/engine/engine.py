@@ -196,7 +196,22 @@ class Engine(SpeculativeMixin):
                 raise ModelError(f"{self.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
             from mlx_lm.utils import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.root)
+            from ..checks import input_file
+            from ..store.pack import TOKENIZER_FILES
+
+            fix = "copy the model's tokenizer files into the store again, or pack the model again"
+            for name in ("config.json",) + TOKENIZER_FILES:  # mlx-lm reads these
+                if (self.root / name).exists():
+                    try:
+                        input_file(f"store {self.root}:", self.root / name, fix=fix)  # a FIFO would block
+                    except ValueError as e:
+                        raise StoreError(str(e)) from None
+            try:
+                self._tokenizer = load_tokenizer(self.root)
+            except Exception as e:  # transformers raises many types for a damaged file
+                msg = " ".join(str(e).split())[:200]
+                raise StoreError(f"the tokenizer of store {self.root} cannot be loaded ({type(e).__name__}: {msg}); "
+                                 f"{fix}") from None
         return self._tokenizer
 
     def encode(self, prompt) -> list[int]:

@@ -21,9 +21,10 @@ import shutil
 import struct
 from pathlib import Path
 
-from ..fsutil import cache_dir
+from ..checks import output_dir
+from ..fsutil import cache_dir, clean_stale, is_stale, stale_temps
 from ..model import ModelError, config_hash, load_config, weight_files
-from .locks import clean_stale, file_lock, is_stale, stale_temp_dirs
+from .locks import file_lock
 from .manifest import MANIFEST
 
 SAMPLES, SAMPLE_BYTES = 16, 4096
@@ -32,7 +33,10 @@ MAX_HEADER = 100 << 20
 
 
 def stores_dir() -> Path:
-    return cache_dir() / "stores"
+    root = cache_dir()
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"WORKBENCH_CACHE {root} is a file, not a folder; set WORKBENCH_CACHE to a folder")
+    return root / "stores"
 
 
 def safetensors_header(path: Path) -> bytes:
@@ -92,6 +96,8 @@ def resolve_store(path, progress=True, store=None) -> Path:
         return target
     from .pack import pack
 
+    if store is None:
+        output_dir("WORKBENCH_CACHE", stores_dir(), fix="set WORKBENCH_CACHE to a writable folder, or give --store DIR")
     if store is None and stores_dir().is_dir():
         clean_stale(stores_dir())  # dead packers of any model in the cache
     return pack(path, target, progress=progress, reuse=True)
@@ -110,7 +116,7 @@ def list_stores() -> list[dict]:
             except (ValueError, OSError):
                 source = None
             out.append({"name": p.name, "path": str(p), "bytes": _du(p), "source": source, "stale": False})
-    for p in stale_temp_dirs(root):
+    for p in (p for p in stale_temps(root) if p.is_dir()):
         out.append({"name": p.name, "path": str(p), "bytes": _du(p), "source": None, "stale": True})
     return out
 
@@ -122,7 +128,9 @@ def remove_store(name: str) -> Path:
     if "/" in name or name in ("", ".", "..") or not p.is_dir():
         have = ", ".join(s["name"] for s in list_stores()) or "none"
         raise ValueError(f"no cached store {name!r} in {root}; cached: {have}")
-    if (p / MANIFEST).exists():
+    if p.is_symlink():  # a link the user made: the link goes, what it points at stays
+        p.unlink()
+    elif (p / MANIFEST).exists():
         with file_lock(root / f".{name}.lock"):
             shutil.rmtree(p)
         with contextlib.suppress(OSError):  # a packer racing this unlink still ends well (see pack)

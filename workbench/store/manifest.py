@@ -12,7 +12,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checks import is_whole, json_kind
+from ..checks import is_whole, json_kind, read_text
 
 FORMAT = "workbench-store/1"
 ALIGN = 16 * 1024
@@ -80,8 +80,12 @@ class Manifest:
         if not f.exists():
             raise StoreError(f"{root} is not a workbench store (no {MANIFEST}); create one with `workbench pack MODEL_DIR {root}`")
         try:
-            data = json.loads(f.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
+            text = read_text(f"store {root}:", f, fix=REPACK)  # a FIFO or /dev/zero in its place is refused
+        except ValueError as e:
+            raise StoreError(str(e)) from None
+        try:
+            data = json.loads(text)
+        except ValueError as e:
             raise StoreError(f"{f} is corrupt ({e}); {REPACK}") from None
         if not isinstance(data, dict):
             raise StoreError(f"{f} is corrupt (a JSON {json_kind(data)}, not an object); {REPACK}")

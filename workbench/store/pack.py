@@ -15,10 +15,10 @@ from mlx.utils import tree_flatten
 from tqdm.auto import tqdm
 
 from .. import __version__
-from ..fsutil import cache_dir, temp_dir
+from ..fsutil import cache_dir, clean_stale, marked_temp_dir, unmark
 from ..model import (ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of,
                      weight_files)
-from .locks import PACKING, clean_stale, file_lock, hold_packing_lock
+from .locks import file_lock
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, StoreError, file_crc32
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -103,34 +103,25 @@ def pack(model_dir, store_dir, progress: bool = True, reuse: bool = False) -> Pa
 def _pack_into(model_dir: Path, store_dir: Path, progress: bool) -> Path:
     model, config = load_mlx_model(model_dir)
     experts = expert_modules(model)
-    tmp = temp_dir(f".{store_dir.name}.tmp-", store_dir.parent)
-    marker = None
     try:
-        marker = hold_packing_lock(tmp)  # a killed packer's folder is recognised and removed later
-        manifest = _write(model, config, experts, tmp, progress)
-        manifest["source"] = str(model_dir.resolve())
-        for name in TOKENIZER_FILES:
-            if (model_dir / name).exists():
-                shutil.copy2(model_dir / name, tmp / name)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        (tmp / MANIFEST).write_text(json.dumps(manifest))
-        os.unlink(tmp / PACKING)
-        if (store_dir / MANIFEST).exists():
-            raise FileExistsError(f"{store_dir} already holds a store (packed by another process meanwhile)")
-        if store_dir.exists():
-            store_dir.rmdir()  # only an empty directory may stand in the way
-        os.replace(tmp, store_dir)
+        with marked_temp_dir(store_dir) as tmp:  # a killed packer's folder is recognised and removed later
+            manifest = _write(model, config, experts, tmp, progress)
+            manifest["source"] = str(model_dir.resolve())
+            for name in TOKENIZER_FILES:
+                if (model_dir / name).exists():
+                    shutil.copy2(model_dir / name, tmp / name)
+            (tmp / "config.json").write_text(json.dumps(config, indent=2))
+            (tmp / MANIFEST).write_text(json.dumps(manifest))
+            unmark(tmp)
+            if (store_dir / MANIFEST).exists():
+                raise FileExistsError(f"{store_dir} already holds a store (packed by another process meanwhile)")
+            if store_dir.exists():
+                store_dir.rmdir()  # only an empty directory may stand in the way
+            os.replace(tmp, store_dir)
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         if e.filename is None and e.errno is not None:  # name the place for the hint (a bare write error has none)
             raise OSError(e.errno, e.strerror or str(e), str(store_dir)) from None
         raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    finally:
-        if marker is not None:
-            os.close(marker)
     return store_dir
 
 

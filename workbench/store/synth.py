@@ -21,7 +21,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .. import __version__
-from ..fsutil import temp_dir
+from ..checks import whole
+from ..fsutil import marked_temp_dir, unmark
 from ..model import config_hash, normalize_config
 from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT
 
@@ -75,6 +76,8 @@ MOE_KEYS = {"qwen3_moe": ("moe_intermediate_size", "num_experts"), "mixtral": ("
 
 
 DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+SHAPE_FLAGS = {"layers": "--layers", "experts": "--experts", "hidden": "--hidden", "width": "--expert-width",
+               "top_k": "--top-k"}
 
 
 def expert_tensors(shape: Shape, bits: int, dtype: str = "bfloat16") -> list[dict]:
@@ -91,7 +94,9 @@ def expert_tensors(shape: Shape, bits: int, dtype: str = "bfloat16") -> list[dic
                           "nbytes": out_dim * in_dim * DTYPES[dtype]})
             continue
         if in_dim % GROUP or (in_dim * bits) % 32:
-            raise ValueError(f"{name} input width {in_dim} is not a multiple of the quantization group {GROUP}")
+            flag = "--hidden" if in_dim == shape.hidden else "--expert-width"
+            raise ValueError(f"{flag} {in_dim} is not a multiple of the quantization group {GROUP} ({name}'s input "
+                             f"at --bits {bits}); give a multiple of {GROUP}, or --bits 16")
         packed = in_dim * bits // 32
         specs.append({"name": f"{name}.weight", "shape": [out_dim, packed], "dtype": "uint32", "nbytes": out_dim * packed * 4})
         for part in ("scales", "biases"):
@@ -113,11 +118,11 @@ def resolve_shape(like: str | None = None, **overrides) -> Shape:
         if missing:
             raise ValueError(f"give --like NAME or all of --layers --experts --hidden --expert-width --top-k (missing {missing})")
         shape = Shape(model_type="qwen3_moe", **overrides)
-    for k in ("layers", "experts", "hidden", "width", "top_k"):
-        if getattr(shape, k) < 1:
-            raise ValueError(f"{k} must be >= 1, got {getattr(shape, k)}")
+    for k, flag in SHAPE_FLAGS.items():
+        whole(flag, getattr(shape, k), 1)
     if shape.top_k > shape.experts:
-        raise ValueError(f"top_k {shape.top_k} is larger than the {shape.experts} experts per layer")
+        raise ValueError(f"--top-k {shape.top_k} is larger than the {shape.experts} experts per layer (--experts); "
+                         f"give --top-k {shape.experts} or less")
     return shape
 
 
@@ -169,8 +174,7 @@ def synth_store(out, like: str | None = None, bits: int = 4, seed: int = 0, prog
     layers = moe_layers(shape)
     rng = np.random.default_rng(seed)
     pad = b"\0" * (stride - expert_bytes)
-    tmp = temp_dir(f".{out.name}.tmp-", out.parent)
-    try:
+    with marked_temp_dir(out) as tmp:  # a killed writer's folder is removed by the next synth-store of OUT
         blobs, offset = [], 0
         bar = tqdm(total=total, desc="synth store", unit="B", unit_scale=True, disable=not progress)
         with open(tmp / EXPERTS, "wb") as f:
@@ -215,12 +219,10 @@ def synth_store(out, like: str | None = None, bits: int = 4, seed: int = 0, prog
         manifest.update(resident_size=len(resident), resident_crc32=zlib.crc32(resident))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / MANIFEST).write_text(json.dumps(manifest))
+        unmark(tmp)
         if out.exists():
             out.rmdir()  # only an empty directory may stand in the way
         os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

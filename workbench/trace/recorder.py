@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
 
 from .. import __version__
+from ..checks import output_file
 from ..arrays import to_numpy
 from .schema import IO_COLUMNS, write_trace
 
@@ -21,10 +20,9 @@ class TraceRecorder:
     decisions are kept as the engine gives them and converted once, when the run ends."""
 
     def __init__(self, path, moe_input=False, io_events=False):
-        self.path = Path(path)
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        if not parent.is_dir() or not os.access(parent, os.W_OK):
-            raise ValueError(f"cannot write trace {self.path}: folder {parent} does not exist or is not writable")
+        self.path = output_file("--trace", path)
+        if not self.path.parent.is_dir():
+            raise ValueError(f"--trace {self.path}: folder {self.path.parent} does not exist; create it or give another path")
         if not self.path.name.endswith(".parquet"):
             raise ValueError(f"trace path {self.path} should end in .parquet")
         self.moe_input = moe_input
