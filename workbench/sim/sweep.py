@@ -606,7 +606,10 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                        for b in parts}
             with tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep", unit="cell", disable=not progress) as bar:
                 while pending:
-                    finished_now, _ = wait(list(pending), timeout=0.5, return_when="FIRST_COMPLETED")
+                    try:
+                        finished_now = wait(list(pending), timeout=0.5, return_when="FIRST_COMPLETED").done
+                    except TimeoutError:  # nothing ended in this half second: refresh the bar
+                        finished_now = ()
                     for fut in finished_now:
                         batch = pending.pop(fut)
                         try:
