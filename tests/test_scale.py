@@ -325,6 +325,8 @@ def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
     assert len(d) == 4 and set(d.slots) == {8, 16}
     assert ((d.bytes_per_token > 0) == (d.slots == 8)).all()  # a full arena is preloaded, as the engine's is
     assert (d[d.slots == 16].misses == 0).all()
+    assert (d.cache == "cold").all() and d.disk_lease.str.startswith("workbench-disk-").all()  # one cell per disk
+    assert (d.disk_bytes >= 0).all() and (d.cache_bytes >= 0).all()  # storage reads and page-cache bytes apart
     from workbench.config import ArenaConfig
     from workbench.sim.ioreplay import replay_io
     from workbench.trace.schema import read_trace
@@ -440,3 +442,58 @@ def test_the_engine_refuses_a_synthetic_store_in_one_line(tiny_store, capsys):
     assert main(["run", str(tiny_store), "--prompt-ids", "1,2", "--max-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "resident.safetensors" in err[0]  # no resident weights: ioreplay only
+
+
+@pytest.fixture()
+def real_cluster(tmp_path):
+    """A `dask scheduler` and a `dask worker` process, as a user starts them on a cluster's machines."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import workbench
+
+    env = dict(os.environ, PYTHONPATH=str(Path(workbench.__file__).resolve().parents[1]))
+    sched_file = tmp_path / "scheduler.json"
+    common = ["--no-dashboard"]
+    procs = [subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                               "--scheduler-file", str(sched_file)] + common, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 20
+        while not sched_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(sched_file.read_text())["address"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1",
+                                       "--no-nanny", "--name", "w0"] + common, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path))
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_sweep_on_a_real_scheduler_and_worker_with_url_paths(real_cluster, traces, tmp_path, capsys):
+    """A hand-started scheduler and worker (separate processes), traces and results as file:// URLs: the
+    rows equal the library's, and a rerun skips every cell."""
+    from workbench.sim.replay import replay
+    from workbench.sim.sweep import load_sweep
+
+    out = f"file://{tmp_path / 'remote'}"
+    args = ["sweep", f"file://{traces[0]}", "--kind", "replay", "--policy", "lru,fifo", "--arena", "6,12",
+            "--out", out, "--scheduler", real_cluster, "--connect-timeout", "20"]
+    assert main(args) == 0
+    assert "4 cells run, 0 already done" in capsys.readouterr().out
+    df = load_sweep(out)
+    assert len(df) == 4 and df.worker.nunique() == 1 and not df.worker.iloc[0] == "local"
+    for r in df.itertuples():
+        assert r.hits == replay(traces[0], r.policy, int(r.arena)).hits
+    assert main(args) == 0
+    assert "0 cells run, 4 already done" in capsys.readouterr().out
