@@ -25,6 +25,7 @@ import itertools
 import math
 import os
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -602,8 +603,9 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                     running.pop(msg["cell"], None)
 
             client.subscribe_topic(TOPIC, on_event)
-            pending = {client.submit(run_batch, b, key=f"sweep-batch-{b[0]['cell_id']}-{len(b)}", pure=False): b
-                       for b in parts}
+            run = uuid.uuid4().hex[:8]  # keys unique to this sweep: never a result Dask still holds from another
+            pending = {client.submit(run_batch, b, key=f"sweep-{run}-batch-{i}-{b[0]['cell_id']}", pure=False): b
+                       for i, b in enumerate(parts)}
             with tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep", unit="cell", disable=not progress) as bar:
                 while pending:
                     try:

@@ -80,7 +80,7 @@ def _read_part(fs, path) -> pd.DataFrame:
     missing = [c for c in ID_COLUMNS if c not in df.columns]
     if missing or not len(df):
         raise ValueError(f"sweep part {path} is malformed (missing {missing}, {len(df)} rows); move it away and rerun the sweep")
-    ok = [config_hash(json.loads(c))[0] == i for i, c in zip(df.cell_id, df.config_json)]
+    ok = [hashlib.sha256(c.encode()).hexdigest()[:16] == i for i, c in zip(df.cell_id, df.config_json)]  # config_hash's
     if not all(ok):
         raise ValueError(f"sweep part {path}: {ok.count(False)} rows do not match their cell id (edited or damaged); "
                          "move it away and rerun the sweep")
