@@ -326,7 +326,7 @@ def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
     assert ((d.bytes_per_token > 0) == (d.slots == 8)).all()  # a full arena is preloaded, as the engine's is
     assert (d[d.slots == 16].misses == 0).all()
     assert (d.cache == "cold").all() and d.disk_lease.str.startswith("workbench-disk-").all()  # one cell per disk
-    assert (d.disk_bytes >= 0).all() and (d.cache_bytes >= 0).all()  # storage reads and page-cache bytes apart
+    assert (d.disk_bytes >= 0).all() and (d.cache_bytes >= 0).all() and (d.disk_wait_s >= 0).all()  # apart
     from workbench.config import ArenaConfig
     from workbench.sim.ioreplay import replay_io
     from workbench.trace.schema import read_trace

@@ -356,7 +356,7 @@ def run_cell(cell: dict) -> dict:
                           io=IOConfig(mode=cell["io_mode"], verify="never"), ahead=ahead, compute_ms=cell.get("compute_ms"),
                           progress=False, map_layers=cell.get("map_layers"), map_experts=cell.get("map_experts"),
                           phase=cell["phase"], cache=cell["cache"])
-        row.update(slots=s["arena_slots"], disk_lease=lease, **{k: v for k, v in s.items()
+        row.update(slots=s["arena_slots"], disk_lease=lease.name, disk_wait_s=lease.waited, **{k: v for k, v in s.items()
                                                                  if not isinstance(v, dict) and k not in row and k != "policy"})
         row.update({f"prefetch_{k}": v for k, v in s["prefetch"].items()})
     row.update(status="ok", error=None, cell_s=time.perf_counter() - t0, worker=_worker_name())
@@ -408,7 +408,7 @@ class _disk_lease:
         import socket
 
         self.name = f"workbench-disk-{socket.gethostname()}-{os.stat(store).st_dev}"
-        self.sem = None
+        self.sem, self.waited = None, 0.0
 
     def __enter__(self):
         try:
@@ -416,10 +416,13 @@ class _disk_lease:
 
             get_worker()
         except (ImportError, ValueError):
-            return "none (not on a Dask worker)"
+            self.name = "none (not on a Dask worker)"
+            return self
+        t0 = time.perf_counter()
         self.sem = Semaphore(max_leases=1, name=self.name)
         self.sem.acquire()
-        return self.name
+        self.waited = time.perf_counter() - t0  # seconds this cell waited for another cell on its disk
+        return self
 
     def __exit__(self, *exc):
         if self.sem is not None:
