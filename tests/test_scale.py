@@ -497,3 +497,23 @@ def test_sweep_on_a_real_scheduler_and_worker_with_url_paths(real_cluster, trace
         assert r.hits == replay(traces[0], r.policy, int(r.arena)).hits
     assert main(args) == 0
     assert "0 cells run, 4 already done" in capsys.readouterr().out
+
+
+def test_a_worker_reads_each_trace_once_and_checks_its_content(traces, tmp_path):
+    import shutil
+
+    from workbench.sim import sweep as sw
+    from workbench.trace.schema import TraceError
+
+    t = tmp_path / "t.parquet"
+    shutil.copy(traces[0], t)
+    sha = sw._sha256(t)
+    first = sw.worker_trace(str(t), sha)
+    assert sw.worker_trace(str(t), sha) is first  # kept: the second cell of this trace reads nothing
+    sw._TRACES.clear()
+    url = sw.worker_trace(f"file://{t}", sha)  # a URL trace: fetched once into the temp dir under its hash
+    assert url is not first and url["trace"].routes.equals(first["trace"].routes)
+    with pytest.raises(TraceError, match="not the trace the client hashed"):
+        sw.worker_trace(str(traces[1]), "f" * 64)
+    with pytest.raises(TraceError, match="cannot read trace .* need the trace at this path"):
+        sw.worker_trace(str(tmp_path / "gone.parquet"), "e" * 64)
