@@ -80,8 +80,9 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
     stats), "decode" the decode rows only. ``hooks``: a ``Hooks`` whose subscribers see the arena's
     points and, as in the engine, ``layer.{i}.experts.selected`` before each layer and ``token.end``
     after each token (both also given ``arena=``). ``cache``: "cold" drops the store's pages from the
-    page cache first and turns kernel read-ahead off (buffered reads fetch what they ask for), "warm"
-    and None leave the page cache as it is. Every result says which (``cache``) and splits the bytes
+    page cache first and turns kernel read-ahead off (buffered reads fetch what they ask for; cold at
+    the start: an expert read again later may come from the cache), "warm" and None leave the page
+    cache as it is. Every result says which (``cache``) and splits the bytes
     read into ``disk_bytes`` (this process's storage reads, Linux /proc/self/io; None elsewhere) and
     ``cache_bytes`` (the rest, served from the page cache).
     """
@@ -135,7 +136,8 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
                  expert_bytes=m.expert_bytes, policy=arena.policy, prefetch_source=routes.source or "none",
                  io_mode=io.mode, wall_s=float(sum(times)), layers_per_token=len(plan), map_layers=map_layers or "none",
                  map_experts=map_experts or "none", residency_hash=run.residency.hexdigest(),
-                 cache=cache or "as found", disk_bytes=disk)
+                 cache=(cache or "as found") if cache != "cold" or hasattr(os, "posix_fadvise") else
+                 "as found (cold needs posix_fadvise)", disk_bytes=disk)
     total = sum(r.get("bytes_read", 0) for r in counters.rows.values())  # preload, prefill and decode, as disk_bytes
     stats["cache_bytes"] = None if disk is None else max(0, total - disk)
     return stats
