@@ -41,6 +41,7 @@ CACHES = ("cold", "warm")  # ioreplay: the store's pages dropped before the cell
 CONFIG = ("kind", "workload", "policy", "arena", "predictor", "distance", "gate", "phase")
 TIMING_KEYS = ("compute_s", "pre_moe_s", "read_latency_s", "bandwidth", "workers", "urgent_workers", "piece_bytes", "expert_bytes")
 AXES = ("traces", "policies", "arenas", "predictors", "distances", "gates")
+AXIS_FLAGS = {"policies": "--policy", "arenas": "--arena", "predictors": "--predictor", "gates": "--gate"}
 MAX_WORKERS = 4096
 CONNECT_TIMEOUT = 10.0
 
@@ -112,11 +113,15 @@ class Grid:
         one_of(name("--kind", "kind"), self.kind, KINDS)
         one_of(name("--phase", "phase"), self.phase, PHASES)
         one_of(name("--cache", "cache"), self.cache, CACHES)
+        if self.kind == "ioreplay":
+            from ..config import READ_MODES
+
+            one_of(name("--io-mode", "io_mode"), self.io_mode, READ_MODES)
         if not self.traces:
             raise ValueError("a sweep needs at least one trace: give TRACE files or a --grid file with traces")
-        for key in ("policies", "arenas", "predictors", "gates"):
+        for key, flag in AXIS_FLAGS.items():
             if not getattr(self, key):
-                raise ValueError(f"{name('--' + key[:-1].replace('ie', 'y'), key)} is empty; give at least one value")
+                raise ValueError(f"{name(flag, key)} is empty; give at least one value")
         self.distances = [None if d in (None, "none") else parse_whole(name("--lookahead", "distances"), d, 1)
                           for d in self.distances]
         from ..arena.policies.base import POLICIES, load_all
