@@ -517,3 +517,14 @@ def test_a_worker_reads_each_trace_once_and_checks_its_content(traces, tmp_path)
         sw.worker_trace(str(traces[1]), "f" * 64)
     with pytest.raises(TraceError, match="cannot read trace .* need the trace at this path"):
         sw.worker_trace(str(tmp_path / "gone.parquet"), "e" * 64)
+
+
+def test_a_cell_is_its_latest_ok_row_else_its_latest_failure():
+    import pandas as pd
+
+    from workbench.sim.sweep_data import finished
+
+    df = pd.DataFrame({"cell_id": ["a", "a", "b", "b", "c"], "status": ["ok", "failed", "failed", "failed", "ok"],
+                       "finished_at": [1.0, 2.0, 2.0, 1.0, 5.0], "error": [None, "x", "late", "early", None]})
+    got = finished(df).set_index("cell_id")
+    assert got.status.to_dict() == {"a": "ok", "b": "failed", "c": "ok"} and got.error["b"] == "late"

@@ -364,7 +364,7 @@ def run_cell(cell: dict) -> dict:
         row.update(slots=s["arena_slots"], disk_lease=lease.name, disk_wait_s=lease.waited, **{k: v for k, v in s.items()
                                                                  if not isinstance(v, dict) and k not in row and k != "policy"})
         row.update({f"prefetch_{k}": v for k, v in s["prefetch"].items()})
-    row.update(status="ok", error=None, cell_s=time.perf_counter() - t0, worker=_worker_name())
+    row.update(status="ok", error=None, cell_s=time.perf_counter() - t0, worker=_worker_name(), finished_at=time.time())
     row.pop("warning", None)
     return row
 
@@ -401,7 +401,8 @@ def run_batch(cells: list) -> list:
         except Exception as e:  # recorded in the row, never the end of the sweep
             msg = (str(e).strip().splitlines() or [""])[0]
             rows.append({**{k: v for k, v in cell.items() if k not in ("timing", "hotlist_keys")},
-                         "status": "failed", "error": f"{type(e).__name__}: {msg}", "worker": _worker_name()})
+                         "status": "failed", "error": f"{type(e).__name__}: {msg}", "worker": _worker_name(),
+                         "finished_at": time.time()})
         _event("end", cell["cell_id"])
     return rows
 
@@ -627,7 +628,7 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                         except Exception as e:  # the worker died or the batch could not run: record every cell
                             msg = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
                             rows = [{**{k: v for k, v in c.items() if k not in ("timing", "hotlist_keys")},
-                                     "status": "failed", "error": msg} for c in batch]
+                                     "status": "failed", "error": msg, "finished_at": time.time()} for c in batch]
                         write_part(out, rows)
                         ended.update(c["cell_id"] for c in batch)
                         rows_failed += [(cell_label(r), r["error"]) for r in rows if r["status"] != "ok"]

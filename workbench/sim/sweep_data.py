@@ -88,14 +88,13 @@ def _read_part(fs, path) -> pd.DataFrame:
 
 
 def read_parts(out, on_bad=None) -> pd.DataFrame:
-    """Every verified row of ``out`` (all statuses), later parts last. ``on_bad(path, message)``: called for
+    """Every verified row of ``out`` (all statuses). ``on_bad(path, message)``: called for
     a bad part instead of raising (the sweep uses it to set the part aside and rerun its cells)."""
     fs, root = out_fs(out)
     if not fs.isdir(root):
         return pd.DataFrame(columns=list(ID_COLUMNS))
     frames = []
-    paths = sorted(fs.glob(f"{root}/{PART_GLOB}"), key=lambda p: fs.modified(p) if not is_url(out) else p)
-    for p in paths:
+    for p in sorted(fs.glob(f"{root}/{PART_GLOB}")):
         try:
             frames.append(_read_part(fs, p))
         except ValueError as e:
@@ -108,12 +107,13 @@ def read_parts(out, on_bad=None) -> pd.DataFrame:
 
 
 def finished(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per cell: its latest ok row, else its latest failed row."""
+    """One row per cell: its latest ok row (by ``finished_at``), else its latest failed row."""
     if not len(df):
         return df
-    df = df.assign(_ok=df.status == "ok", _n=range(len(df)))
-    df = df.sort_values(["_ok", "_n"]).drop_duplicates("cell_id", keep="last").sort_values("_n")
-    return df.drop(columns=["_ok", "_n"]).reset_index(drop=True)
+    at = df["finished_at"] if "finished_at" in df.columns else pd.Series(0.0, index=df.index)
+    df = df.assign(_ok=df.status == "ok", _at=at.fillna(0.0), _n=range(len(df)))
+    df = df.sort_values(["_ok", "_at", "_n"]).drop_duplicates("cell_id", keep="last").sort_values("_n")
+    return df.drop(columns=["_ok", "_at", "_n"]).reset_index(drop=True)
 
 
 def set_aside(fs, path, message) -> str:
