@@ -108,52 +108,54 @@ def _not_regular(st) -> str | None:
     return None if stat.S_ISREG(st.st_mode) else "not a regular file"
 
 
-def input_file(what: str, path, max_bytes: int | None = None) -> Path:
+def input_file(what: str, path, max_bytes: int | None = None, fix: str | None = None) -> Path:
     """``path`` as an existing, readable regular file (a symlink to one is fine) of at most ``max_bytes``;
-    ValueError naming ``what`` (a flag or the file's role), the problem and the fix otherwise. Never opens it."""
+    ValueError naming ``what`` (a flag or the file's role), the problem and the fix (``fix`` replaces the
+    generic one) otherwise. Never opens it."""
     path = Path(path)
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ValueError(f"{what} {path} does not exist; give an existing file") from None
+        raise ValueError(f"{what} {path} does not exist; {fix or 'give an existing file'}") from None
     except OSError as e:
-        raise ValueError(f"{what} {path} cannot be read ({e.strerror}); give a readable file") from None
+        raise ValueError(f"{what} {path} cannot be read ({e.strerror}); {fix or 'give a readable file'}") from None
     bad = _not_regular(st)
     if bad:
-        raise ValueError(f"{what} {path} is {bad}, not a regular file; give a regular file")
+        raise ValueError(f"{what} {path} is {bad}, not a regular file; {fix or 'give a regular file'}")
     if max_bytes is not None and st.st_size > max_bytes:
         raise ValueError(f"{what} {path} is {st.st_size} bytes, more than the {max_bytes} a file of its kind may be; "
-                         "give the right file")
+                         f"{fix or 'give the right file'}")
     if not os.access(path, os.R_OK):
-        raise ValueError(f"{what} {path} is not readable (permission denied); fix its permissions (chmod u+r)")
+        raise ValueError(f"{what} {path} is not readable (permission denied); {fix or 'fix its permissions (chmod u+r)'}")
     return path
 
 
-def read_bytes(what: str, path, max_bytes: int = MAX_TEXT_BYTES) -> bytes:
+def read_bytes(what: str, path, max_bytes: int = MAX_TEXT_BYTES, fix: str | None = None) -> bytes:
     """The bytes of a regular file of at most ``max_bytes`` (``input_file``'s checks, made on the opened
     file too, so a file swapped for a FIFO in between cannot block nor a device run forever)."""
-    input_file(what, path, max_bytes)
+    input_file(what, path, max_bytes, fix)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
-        raise ValueError(f"{what} {path} cannot be opened ({e.strerror}); give a readable file") from None
+        raise ValueError(f"{what} {path} cannot be opened ({e.strerror}); {fix or 'give a readable file'}") from None
     with os.fdopen(fd, "rb") as f:
         bad = _not_regular(os.fstat(fd))
         if bad:
-            raise ValueError(f"{what} {path} is {bad}, not a regular file; give a regular file")
+            raise ValueError(f"{what} {path} is {bad}, not a regular file; {fix or 'give a regular file'}")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise ValueError(f"{what} {path} is larger than the {max_bytes} bytes a file of its kind may be; give the right file")
+        raise ValueError(f"{what} {path} is larger than the {max_bytes} bytes a file of its kind may be; "
+                         f"{fix or 'give the right file'}")
     return data
 
 
-def read_text(what: str, path, max_bytes: int = MAX_TEXT_BYTES) -> str:
+def read_text(what: str, path, max_bytes: int = MAX_TEXT_BYTES, fix: str | None = None) -> str:
     """``read_bytes`` decoded as UTF-8; ValueError naming ``what`` when it is not text."""
-    data = read_bytes(what, path, max_bytes)
+    data = read_bytes(what, path, max_bytes, fix)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{what} {path} is not UTF-8 text (byte {e.start}); give a text file") from None
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {e.start}); {fix or 'give a text file'}") from None
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -172,11 +174,12 @@ def _writable_place(what: str, path: Path, fix: str) -> None:
         raise ValueError(f"{what} {path}: folder {base} is not writable; {fix}")
 
 
-def output_file(what: str, path) -> Path:
+def output_file(what: str, path, fix: str | None = None) -> Path:
     """``path`` as a place a file can be written (atomically, by rename): missing or a regular file, in a
-    writable folder (created if missing); ValueError naming ``what`` otherwise. Creates nothing."""
+    writable folder (created if missing); ValueError naming ``what`` (``fix`` replaces the generic fix)
+    otherwise. Creates nothing."""
     path = Path(path)
-    fix = "give a file path in a writable folder"
+    fix = fix or "give a file path in a writable folder"
     if path.exists() or path.is_symlink():
         try:
             bad = _not_regular(os.stat(path))
@@ -188,11 +191,11 @@ def output_file(what: str, path) -> Path:
     return path
 
 
-def output_dir(what: str, path) -> Path:
+def output_dir(what: str, path, fix: str | None = None) -> Path:
     """``path`` as a folder that can be written: missing (its nearest existing ancestor a writable folder)
     or a writable directory; ValueError naming ``what`` otherwise. Creates nothing."""
     path = Path(path)
-    fix = "give a folder path that can be written"
+    fix = fix or "give a folder path that can be written"
     if path.exists():
         if not path.is_dir():
             raise ValueError(f"{what} {path} is a file, not a folder; {fix}")

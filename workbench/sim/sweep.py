@@ -211,9 +211,9 @@ def _trace_info(name, path) -> dict:
         from ..checks import input_file
 
         try:
-            input_file("trace", path)
+            input_file("trace", path, fix="record one with `workbench run ... --trace FILE`")
         except ValueError as e:
-            raise TraceError(f"{e}; record one with `workbench run ... --trace FILE`") from None
+            raise TraceError(str(e)) from None
     try:
         with _open(path) as f:
             schema = pq.read_schema(f)
