@@ -385,3 +385,27 @@ def test_s3fifo_order_is_pure_and_remove_commits():
     v = next(iter(p.order()))
     p.remove(v)
     assert v not in list(p.order())
+
+
+# --- the compiled recency loop (numba) and its interpreted twin -------------------------
+
+@pytest.mark.parametrize("name", ["lru", "fifo"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_recency_kernel_equals_step_by_step_driving(name, compiled):
+    """kernels._recency, compiled by numba and interpreted, against the policy class driven by SimCache:
+    hits, final order, from an empty and from a preloaded policy, on trace-like and on sparse keys."""
+    from workbench.arena.policies.kernels import have_numba, recency_replay
+
+    if compiled and not have_numba():
+        pytest.skip("numba is not installed: the interpreted loop is the only one")
+    rng = np.random.default_rng(7)
+    for cap, keys in ((1, rng.integers(0, 12, 300)), (5, rng.integers(0, 40, 3000)),
+                      (9, rng.integers(-2**40, 2**40, 50)[rng.integers(0, 50, 2000)])):
+        for warm in ([], [int(keys[0]), int(keys[1]) + 1]):
+            policy = make_policy(name, cap)
+            cache = SimCache(policy)
+            cache.preload(dict.fromkeys(warm))
+            start = list(policy.order())
+            slow = [cache.lookup(int(k)) for k in keys]
+            hits, order = recency_replay(keys, start, cap, name == "lru", compiled=compiled)
+            assert hits.tolist() == slow and order.tolist() == list(policy.order())

@@ -169,7 +169,11 @@ def test_sweep_rows_are_the_library_results(cluster, traces, tmp_path):
     rp = sweep(Grid(traces=[traces[0]], kind="replay", arenas=["5"]), tmp_path / "rp", scheduler=cluster.scheduler_address,
                progress=False)
     assert rp.ran == 1
-    assert load_sweep(tmp_path / "rp").hits.iloc[0] == replay(traces[0], "lru", 5, phase="decode").hits
+    assert load_sweep(tmp_path / "rp").hits.iloc[0] == replay(traces[0], "lru", 5).hits  # replay's default: --phase all
+    dec = sweep(Grid(traces=[traces[0]], kind="replay", arenas=["5"], phase="decode"), tmp_path / "rp", progress=False,
+                scheduler=cluster.scheduler_address)
+    assert (dec.ran, dec.skipped) == (1, 0)
+    assert load_sweep(tmp_path / "rp").set_index("phase").hits["decode"] == replay(traces[0], "lru", 5, phase="decode").hits
 
 
 def test_sweep_resumes_and_says_how_many_it_skipped(cluster, traces, tmp_path, capsys):
@@ -177,35 +181,127 @@ def test_sweep_resumes_and_says_how_many_it_skipped(cluster, traces, tmp_path, c
             "--scheduler", cluster.scheduler_address]
     assert main(base + ["--arena", "0.25"]) == 0
     assert "4 cells run, 0 already done" in capsys.readouterr().out
-    files = sorted((tmp_path / "o").glob("cell-*.parquet"))
+    files = sorted((tmp_path / "o").glob("part-*.parquet"))
     stamps = [f.stat().st_mtime_ns for f in files]
     assert main(base + ["--arena", "0.25,10"]) == 0
     assert "4 cells run, 4 already done and skipped, 8 in the grid" in capsys.readouterr().out
     assert [f.stat().st_mtime_ns for f in files] == stamps  # done cells are not rewritten
 
 
-def test_sweep_worker_error_names_the_cell_and_keeps_finished_cells(cluster, traces, tmp_path, capsys):
+def test_sweep_failing_cell_is_recorded_and_the_sweep_goes_on(cluster, traces, tmp_path, capsys):
+    """A cell that fails on its worker (a static hotlist too large for the arena of one trace only fails there)
+    is a row with its error; the other cells finish; the rerun runs the failed cells only."""
     from workbench.sim.sweep import load_sweep
 
     out = tmp_path / "err"
-    args = ["sweep", str(traces[0]), str(traces[1]), "--policy", "lru,fifo", "--arena", "0.25,0.5", "--predictor", "d2",
-            "--out", str(out), "--scheduler", cluster.scheduler_address]
+    hot = tmp_path / "hot.txt"
+    hot.write_text("\n".join(str(k) for k in range(5)) + "\n")
+    args = ["sweep", str(traces[0]), "--kind", "replay", "--policy", "lru,static", "--hotlist", str(hot),
+            "--arena", "6,12", "--out", str(out), "--scheduler", cluster.scheduler_address]
     capsys.readouterr()
-    assert main(args) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
-    assert len(err) == 1 and "workload=sticky" in err[0] and "pred_d2" in err[0] and "cell " in err[0]
-    kept = len(list(out.glob("cell-*.parquet")))
-    if kept:
-        assert set(load_sweep(out).workload) == {"zipf"}
-    assert main(["sweep", str(traces[0]), "--policy", "lru,fifo", "--arena", "0.25,0.5", "--predictor", "d2",
-                 "--out", str(out), "--scheduler", cluster.scheduler_address]) == 0
-    assert f"{4 - kept} cells run, {kept} already done" in capsys.readouterr().out
+    assert main(args) == 0
+    df = load_sweep(out)
+    assert len(df) == 4 and set(df.status) == {"ok"}
+    static = df[df.policy == "static"]
+    assert (static.preloaded == 5).all()  # the hotlist is the warm set
+    # a worker that fails: the trace at the same path replaced by a corrupt copy after the client hashed it
+    from workbench.sim import sweep as sw
+
+    cells = sw.Grid(traces=[traces[1]], kind="replay", arenas=["6"]).cells()
+    bad = dict(cells[0], trace_sha256="0" * 64)  # a hash no file has: the worker refuses, the batch goes on
+    rows = cluster_run(cluster, [bad, cells[0]])
+    assert [r["status"] for r in rows] == ["failed", "ok"] and "not the trace the client hashed" in rows[0]["error"]
+
+
+def cluster_run(cluster, cells):
+    from dask.distributed import Client
+
+    from workbench.sim.sweep import run_batch
+
+    with Client(cluster.scheduler_address) as c:
+        return c.submit(run_batch, cells, pure=False).result()
+
+
+def test_sweep_keys_cells_by_content_and_verifies_parts(cluster, traces, tmp_path, capsys):
+    """issue 32 item 5: a trace re-recorded at the same path reruns; a damaged or edited part is set aside."""
+    import shutil
+
+    from workbench.sim.sweep import Grid, load_sweep, sweep
+    from workbench.sim.sweep_data import read_parts
+
+    t = tmp_path / "t.parquet"
+    shutil.copy(traces[0], t)
+    out = tmp_path / "keyed"
+    run = lambda: sweep(Grid(traces=[t], kind="replay", arenas=["6", "12"]), out, scheduler=cluster.scheduler_address,  # noqa: E731
+                        progress=False)
+    assert run().ran == 2 and run().ran == 0
+    first = load_sweep(out).sort_values("arena").hits.tolist()
+    shutil.copy(traces[1], t)  # re-recorded at the same path
+    assert run().ran == 2
+    assert load_sweep(out).shape[0] == 4 and load_sweep(out).trace_sha256.nunique() == 2
+    moved = tmp_path / "moved.parquet"
+    shutil.move(t, moved)
+    shutil.copy(moved, t)  # the same content again: nothing reruns
+    assert run().ran == 0
+    out2 = tmp_path / "damaged"
+    grid = Grid(traces=[t], kind="replay", arenas=["6", "12"])
+    assert sweep(grid, out2, scheduler=cluster.scheduler_address, progress=False).ran == 2
+    parts = sorted(out2.glob("part-*.parquet"))
+    assert len(parts) == 2  # two workers, two cells: a batch each
+    parts[0].write_bytes(parts[0].read_bytes()[:100])  # truncated
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(parts[1])
+    df = table.to_pandas()
+    df["config_json"] = df.config_json.str.replace('"arena": "', '"arena": "1')  # a row edited to claim another cell
+    pq.write_table(table.from_pandas(df, preserve_index=False), parts[1])
+    with pytest.raises(ValueError, match="not readable Parquet|do not match their cell id"):
+        load_sweep(out2)
+    notes = []
+    res = sweep(grid, out2, scheduler=cluster.scheduler_address, progress=False, log=notes.append)
+    assert res.ran == 2 and sum("set aside" in n for n in notes) == 2
+    assert sorted(p.name for p in out2.glob("*.bad")) == sorted(p.name + ".bad" for p in parts)
+    assert sorted(load_sweep(out2).arena) == ["12", "6"] and first
 
 
 def test_sweep_unreachable_scheduler_is_one_line(traces, tmp_path, capsys):
     assert main(["sweep", str(traces[0]), "--out", str(tmp_path / "u"), "--scheduler", "tcp://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in err[0]
+
+
+@pytest.mark.parametrize("answer, words", [(None, "sent nothing in 1 s"), (b"HTTP/1.1 200 OK\r\n\r\nhello", "not as a Dask")])
+def test_sweep_scheduler_that_does_not_answer_as_dask_is_one_line_in_time(traces, tmp_path, capsys, answer, words):
+    """issue 32 item 1: a socket that accepts and sleeps, or a service that answers something else."""
+    import socket
+    import threading
+    import time
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    conns = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            conns.append(c)
+            if answer:
+                c.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    addr = f"tcp://127.0.0.1:{srv.getsockname()[1]}"
+    t0 = time.monotonic()
+    try:
+        assert main(["sweep", str(traces[0]), "--out", str(tmp_path / "u"), "--scheduler", addr, "--connect-timeout", "1"]) == 2
+    finally:
+        srv.close()
+    assert time.monotonic() - t0 < 15
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and addr in err[0]
 
 
 def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
@@ -229,6 +325,8 @@ def test_sweep_yaml_grid_on_local_workers(traces, tiny_store, tmp_path, capsys):
     assert len(d) == 4 and set(d.slots) == {8, 16}
     assert ((d.bytes_per_token > 0) == (d.slots == 8)).all()  # a full arena is preloaded, as the engine's is
     assert (d[d.slots == 16].misses == 0).all()
+    assert (d.cache == "cold").all() and d.disk_lease.str.startswith("workbench-disk-").all()  # one cell per disk
+    assert (d.disk_bytes >= 0).all() and (d.cache_bytes >= 0).all() and (d.disk_wait_s >= 0).all()  # apart
     from workbench.config import ArenaConfig
     from workbench.sim.ioreplay import replay_io
     from workbench.trace.schema import read_trace
@@ -276,6 +374,45 @@ def test_sweep_bad_input_fails_before_any_work(traces, tmp_path, capsys):
     assert "simulate cells only" in capsys.readouterr().err and not out.exists()
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--lookahead", "x"], "--lookahead must be a whole number, got 'x'"),
+    (["--lookahead", "0"], "--lookahead 0 is out of range"),
+    (["--policy", "nosuch"], "--policy 'nosuch' is not known; give one of"),
+    (["--policy", "static"], "give --hotlist FILE"),
+    (["--workers", "-3"], "--workers -3 is out of range"),
+    (["--workers", "0"], "--workers 0 is out of range"),
+    (["--predictor", "d9"], "no predictor column pred_d9"),
+    (["--compute-ms", "nan"], "--compute-ms must be a finite number"),
+    (["--connect-timeout", "-5"], "--connect-timeout -5.0 is out of range"),
+])
+def test_sweep_flags_are_checked_before_any_worker(traces, tmp_path, capsys, flags, words):
+    """issue 32 items 2 and 11: one line naming the flag, exit 2, nothing written, no cluster started."""
+    out = tmp_path / "o"
+    capsys.readouterr()
+    assert main(["sweep", str(traces[0]), "--out", str(out)] + flags) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0] and "starting" not in err[0] and not out.exists()
+
+
+def test_sweep_out_file_grid_distances_and_hotlist_are_one_line(traces, tmp_path, capsys):
+    f = tmp_path / "file"
+    f.write_text("mine")
+    capsys.readouterr()
+    assert main(["sweep", str(traces[0]), "--out", str(f)]) == 2
+    assert "--out" in capsys.readouterr().err and f.read_text() == "mine"
+    grid = tmp_path / "g.yaml"
+    grid.write_text(f"traces: [{traces[0]}]\npredictors: [d1]\ndistances: [two]\n")
+    assert main(["sweep", "--grid", str(grid), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "distances must be a whole number, got 'two'" in err[0] and str(grid) in err[0]
+    hot = tmp_path / "hot.txt"
+    hot.write_text("0 99\n")  # expert 99 of a 16-expert trace
+    assert main(["sweep", str(traces[0]), "--kind", "replay", "--policy", "static", "--hotlist", str(hot),
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "hotlist" in err[0] and not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("like", ["qwen3-30b-a3b", "mixtral-8x7b", "glm-4.5-air", "tiny"])
 def test_synth_config_builds_the_real_model_with_these_experts(like):
     """The manifest's config and quantized map build the mlx-lm model (lazily) whose expert
@@ -305,3 +442,89 @@ def test_the_engine_refuses_a_synthetic_store_in_one_line(tiny_store, capsys):
     assert main(["run", str(tiny_store), "--prompt-ids", "1,2", "--max-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "resident.safetensors" in err[0]  # no resident weights: ioreplay only
+
+
+@pytest.fixture()
+def real_cluster(tmp_path):
+    """A `dask scheduler` and a `dask worker` process, as a user starts them on a cluster's machines."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import workbench
+
+    env = dict(os.environ, PYTHONPATH=str(Path(workbench.__file__).resolve().parents[1]))
+    sched_file = tmp_path / "scheduler.json"
+    common = ["--no-dashboard"]
+    procs = [subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                               "--scheduler-file", str(sched_file)] + common, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 20
+        while not sched_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(sched_file.read_text())["address"]
+        procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1",
+                                       "--no-nanny", "--name", "w0"] + common, env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path))
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_sweep_on_a_real_scheduler_and_worker_with_url_paths(real_cluster, traces, tmp_path, capsys):
+    """A hand-started scheduler and worker (separate processes), traces and results as file:// URLs: the
+    rows equal the library's, and a rerun skips every cell."""
+    from workbench.sim.replay import replay
+    from workbench.sim.sweep import load_sweep
+
+    out = f"file://{tmp_path / 'remote'}"
+    args = ["sweep", f"file://{traces[0]}", "--kind", "replay", "--policy", "lru,fifo", "--arena", "6,12",
+            "--out", out, "--scheduler", real_cluster, "--connect-timeout", "20"]
+    assert main(args) == 0
+    assert "4 cells run, 0 already done" in capsys.readouterr().out
+    df = load_sweep(out)
+    assert len(df) == 4 and df.worker.nunique() == 1 and not df.worker.iloc[0] == "local"
+    for r in df.itertuples():
+        assert r.hits == replay(traces[0], r.policy, int(r.arena)).hits
+    assert main(args) == 0
+    assert "0 cells run, 4 already done" in capsys.readouterr().out
+
+
+def test_a_worker_reads_each_trace_once_and_checks_its_content(traces, tmp_path):
+    import shutil
+
+    from workbench.sim import sweep as sw
+    from workbench.trace.schema import TraceError
+
+    t = tmp_path / "t.parquet"
+    shutil.copy(traces[0], t)
+    sha = sw._sha256(t)
+    first = sw.worker_trace(str(t), sha)
+    assert sw.worker_trace(str(t), sha) is first  # kept: the second cell of this trace reads nothing
+    sw._TRACES.clear()
+    url = sw.worker_trace(f"file://{t}", sha)  # a URL trace: fetched once into the temp dir under its hash
+    assert url is not first and url["trace"].routes.equals(first["trace"].routes)
+    with pytest.raises(TraceError, match="not the trace the client hashed"):
+        sw.worker_trace(str(traces[1]), "f" * 64)
+    with pytest.raises(TraceError, match="cannot read trace .* need the trace at this path"):
+        sw.worker_trace(str(tmp_path / "gone.parquet"), "e" * 64)
+
+
+def test_a_cell_is_its_latest_ok_row_else_its_latest_failure():
+    import pandas as pd
+
+    from workbench.sim.sweep_data import finished
+
+    df = pd.DataFrame({"cell_id": ["a", "a", "b", "b", "c"], "status": ["ok", "failed", "failed", "failed", "ok"],
+                       "finished_at": [1.0, 2.0, 2.0, 1.0, 5.0], "error": [None, "x", "late", "early", None]})
+    got = finished(df).set_index("cell_id")
+    assert got.status.to_dict() == {"a": "ok", "b": "failed", "c": "ok"} and got.error["b"] == "late"

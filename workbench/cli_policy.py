@@ -78,7 +78,7 @@ def cmd_ioreplay(args) -> int:
     stats = replay_io(args.trace, args.store, arena=arena_config(args), io=io_config(args, "never"),
                       ahead=AheadConfig(predictor=args.predictor, lookahead=args.lookahead), compute_ms=args.compute_ms,
                       max_steps=args.max_steps, progress=not args.json, map_layers=args.map_layers,
-                      map_experts=args.map_experts, phase=args.phase)
+                      map_experts=args.map_experts, phase=args.phase, cache=args.cache)
     if args.json:
         print(json.dumps(stats))
     else:
@@ -121,5 +121,9 @@ def register(sub) -> None:
                         "or j*n/N (spread); without it the layers must match")
     p.add_argument("--map-experts", choices=["modulo"], default=None,
                    help="map trace expert e to store expert e mod E; without it the expert counts must match")
+    p.add_argument("--cache", choices=["cold", "warm"], default=None,
+                   help="cold: drop the store's pages and turn read-ahead off first (as a sweep's cells); warm: leave "
+                        "the page cache as it is; default: as found (stated in the result). disk_bytes / cache_bytes "
+                        "split the bytes read either way")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_ioreplay)

@@ -46,14 +46,21 @@ def _list(text):
 
 def sweep_grid(args):
     """The Grid of ``workbench sweep``'s flags (and --grid file)."""
+    from .checks import parse_whole, real
     from .sim.sweep import Grid
 
-    timing = {k: v for k, v in dict(compute_s=args.compute_ms and args.compute_ms / 1e3, pre_moe_s=args.pre_ms and args.pre_ms / 1e3,
-                                     bandwidth=args.bandwidth_gbs and args.bandwidth_gbs * 1e9,
-                                     read_latency_s=args.latency_us and args.latency_us / 1e6).items() if v is not None}
+    ms = {flag: real(flag, v, 0, none_ok=True) for flag, v in (("--compute-ms", args.compute_ms), ("--pre-ms", args.pre_ms),
+                                                              ("--bandwidth-gbs", args.bandwidth_gbs), ("--latency-us", args.latency_us))}
+    if ms["--bandwidth-gbs"] == 0:
+        raise ValueError("--bandwidth-gbs 0 is out of range: give a value > 0")
+    timing = {k: v for k, v in dict(compute_s=ms["--compute-ms"] and ms["--compute-ms"] / 1e3,
+                                     pre_moe_s=ms["--pre-ms"] and ms["--pre-ms"] / 1e3,
+                                     bandwidth=ms["--bandwidth-gbs"] and ms["--bandwidth-gbs"] * 1e9,
+                                     read_latency_s=ms["--latency-us"] and ms["--latency-us"] / 1e6).items() if v is not None}
+    distances = [parse_whole("--lookahead", d, 1) for d in _list(args.lookahead)] if args.lookahead else None
     axes = dict(policies=_list(args.policy), arenas=_list(args.arena), predictors=_list(args.predictor),
-                distances=[int(d) for d in _list(args.lookahead)] if args.lookahead else None, gates=_list(args.gate),
-                kind=args.kind, store=args.store, io_mode=args.io_mode, map_layers=args.map_layers, map_experts=args.map_experts)
+                distances=distances, gates=_list(args.gate), kind=args.kind, phase=args.phase, hotlist=args.hotlist,
+                store=args.store, io_mode=args.io_mode, cache=args.cache, map_layers=args.map_layers, map_experts=args.map_experts)
     if args.trace:
         axes["traces"] = args.trace
     if args.grid:
@@ -70,29 +77,47 @@ def sweep_grid(args):
 
 
 def cmd_sweep(args) -> int:
+    from .checks import real
     from .sim.sweep import SweepError, sweep
+    from .trace.schema import TraceError
 
-    grid = sweep_grid(args)
+    def say(text):
+        print(f"sweep: {text}", file=sys.stderr)
+
     try:
-        res = sweep(grid, args.out, workers=args.workers, scheduler=args.scheduler, progress=True)
-    except SweepError as e:
+        real("--connect-timeout", args.connect_timeout, 0, open_lo=True)
+        grid = sweep_grid(args)
+        res = sweep(grid, args.out, workers=args.workers, scheduler=args.scheduler, progress=True,
+                    timeout=args.connect_timeout, log=say)
+    except (SweepError, TraceError, ValueError) as e:
         print(f"workbench sweep: error: {e}", file=sys.stderr)
         return 2
     print(f"sweep {res.out}: {res.ran} cells run, {res.skipped} already done and skipped, {res.total} in the grid "
-          f"({res.seconds:.1f} s)")
+          f"({res.seconds:.1f} s)" + (f"; {res.failed} failed" if res.failed else ""))
+    if res.failed:
+        label, error = res.errors[0]
+        print(f"workbench sweep: {res.failed} cells failed and are recorded (load_sweep(out, failed=True)); they rerun "
+              f"on the next sweep. First: {label}: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
 def register_sweep(sub) -> None:
-    p = sub.add_parser("sweep", help="run a policy grid over traces on Dask; one Parquet row per cell",
+    p = sub.add_parser("sweep", help="run a policy grid over traces on Dask; one Parquet dataset of rows",
                        description="Every combination of the comma lists (or a --grid YAML file) is one cell, run by the "
-                                   "same library call as `workbench simulate` / `replay` / `ioreplay`. Rows go to "
-                                   "OUT/cell-<id>.parquet as cells finish; a rerun skips finished cells.")
-    p.add_argument("trace", nargs="*", metavar="TRACE")
+                                   "same library call as `workbench simulate` / `replay` / `ioreplay`, with their defaults "
+                                   "(--phase all). Rows go to OUT/part-*.parquet as batches finish; a cell is keyed by the "
+                                   "trace's content, the workbench version and every setting, and a rerun skips finished "
+                                   "cells. A failing cell is recorded and the sweep goes on (exit 1).")
+    p.add_argument("trace", nargs="*", metavar="TRACE", help="trace files or fsspec URLs (file://, s3://, gs://)")
     p.add_argument("--grid", help="YAML file with axes: traces (or workloads: name: path), policies, arenas, predictors, "
-                                  "distances, gates, kind, timing, store")
+                                  "distances, gates, kind, phase, timing, hotlist, store, cache")
     p.add_argument("--kind", choices=["simulate", "replay", "ioreplay"], default=None, help="cell type (default simulate)")
+    p.add_argument("--phase", choices=["all", "decode"], default=None,
+                   help="all: prefill then decode, as the engine ran them (default, as in replay, simulate and ioreplay); "
+                        "decode: decode rows only")
     p.add_argument("--policy", help="comma list, e.g. lru,fifo")
+    p.add_argument("--hotlist", help="the hotlist of --policy static (KEY or LAYER EXPERT per line, hottest first)")
     p.add_argument("--arena", help="comma list in any --arena form: 0.25, 25%%, 64, 2GB")
     p.add_argument("--predictor", help="comma list: none, oracle, or recorded sources (pred_SRC columns)")
     p.add_argument("--lookahead", help="comma list of prediction distances in rows (default: from the predictor); "
@@ -102,12 +127,17 @@ def register_sweep(sub) -> None:
     p.add_argument("--pre-ms", type=float, help="simulate: attention etc. before each MoE block (ms)")
     p.add_argument("--bandwidth-gbs", type=float, help="simulate: device read bandwidth (GB/s)")
     p.add_argument("--latency-us", type=float, help="simulate: read latency (us)")
-    p.add_argument("--store", help="ioreplay: the store to read")
+    p.add_argument("--store", help="ioreplay: the store to read (a local path on every worker)")
     p.add_argument("--io-mode", default=None, help="ioreplay: buffered | dontneed | direct (default buffered)")
+    p.add_argument("--cache", choices=["cold", "warm"], default=None,
+                   help="ioreplay: cold drops the store's pages and turns read-ahead off before each cell (default); "
+                        "warm leaves the page cache as it is")
     p.add_argument("--map-layers", choices=["modulo", "spread"], help="ioreplay: map the trace's layers onto the store's")
     p.add_argument("--map-experts", choices=["modulo"], help="ioreplay: map the trace's expert ids onto the store's")
-    p.add_argument("--out", required=True, help="sweep directory (a Parquet dataset, one file per cell)")
+    p.add_argument("--out", required=True, help="sweep folder or URL (a Parquet dataset of part files)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--workers", type=int, default=None, help="local worker processes (default 2)")
+    g.add_argument("--workers", type=int, default=None, help="local worker processes (default: this machine's usable cores)")
     g.add_argument("--scheduler", help="address of an existing Dask scheduler, e.g. tcp://10.0.0.5:8786")
+    p.add_argument("--connect-timeout", type=float, default=10.0,
+                   help="seconds to wait for the scheduler to answer and for a worker to join (default 10)")
     p.set_defaults(func=cmd_sweep)

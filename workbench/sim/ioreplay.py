@@ -10,6 +10,7 @@ does and replays the prefill as the engine ran it, then decode (``sim.drive``, `
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -64,7 +65,7 @@ def expert_map(n_trace: int, n_store: int, how=None):
 
 def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | None = None,
               ahead: AheadConfig | None = None, compute_ms=None, max_steps=None, progress=True,
-              map_layers=None, map_experts=None, hooks=None, phase="all") -> dict:
+              map_layers=None, map_experts=None, hooks=None, phase="all", cache=None) -> dict:
     """Replay ``trace`` (workbench.trace.schema.Trace, or a path) against ``store``.
 
     ``arena``: ArenaConfig (default 0.25, lru; ``preload`` as in the engine); ``io``: IOConfig
@@ -78,7 +79,12 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
     first, as the engine ran it (waves, prompt-hot protection; untimed, no compute, not in the
     stats), "decode" the decode rows only. ``hooks``: a ``Hooks`` whose subscribers see the arena's
     points and, as in the engine, ``layer.{i}.experts.selected`` before each layer and ``token.end``
-    after each token (both also given ``arena=``).
+    after each token (both also given ``arena=``). ``cache``: "cold" drops the store's pages from the
+    page cache first and turns kernel read-ahead off (buffered reads fetch what they ask for; cold at
+    the start: an expert read again later may come from the cache), "warm" and None leave the page
+    cache as it is. Every result says which (``cache``) and splits the bytes
+    read into ``disk_bytes`` (this process's storage reads, Linux /proc/self/io; None elsewhere) and
+    ``cache_bytes`` (the rest, served from the page cache).
     """
     from ..arena.policies.static import require_hotlist
     from ..checks import real, whole
@@ -101,7 +107,15 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
     k = max(v.shape[-1] for v in routes.sel.values())
     n_slots = arena_slots(arena.size, m.n_routed, m.expert_bytes, k)
     counters, hooks = Counters(), hooks or Hooks()
+    if cache not in (None, "cold", "warm"):
+        raise ValueError(f"cache {cache!r} is not known; give cold or warm")
     reader = BlobReader(store, m, mode=io.mode, verify=io.verify)
+    if cache == "cold" and hasattr(os, "posix_fadvise"):
+        from ..io.readpath import drop_cache
+
+        drop_cache(reader.path)
+        os.posix_fadvise(reader.fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: disk bytes are the bytes asked for
+    disk0 = disk_read_bytes()
     sched = IOScheduler(reader, workers=io.workers, reserved=io.reserved)
     ar = Arena(m, n_slots, sched, counters, hooks, arena.policy, arena.options, arena.writes)
     run = _Replay(ar, k, plan, routes, ahead.distance, compute_ms, hooks)
@@ -113,14 +127,32 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
         sched.close()
         ar.close()
         reader.close()
+    disk = disk_read_bytes()
+    disk = None if disk is None or disk0 is None else disk - disk0
     stats = summarize(counters.totals("decode"))
     med = float(np.median(times)) if times else 0.0
     stats.update(tokens=len(times), median_token_ms=med * 1e3, compute_ms_per_token=compute_ms * len(plan),
                  bytes_per_token=stats["bytes_read"] / max(1, len(times)), arena_slots=n_slots,
                  expert_bytes=m.expert_bytes, policy=arena.policy, prefetch_source=routes.source or "none",
                  io_mode=io.mode, wall_s=float(sum(times)), layers_per_token=len(plan), map_layers=map_layers or "none",
-                 map_experts=map_experts or "none", residency_hash=run.residency.hexdigest())
+                 map_experts=map_experts or "none", residency_hash=run.residency.hexdigest(),
+                 cache=(cache or "as found") if cache != "cold" or hasattr(os, "posix_fadvise") else
+                 "as found (cold needs posix_fadvise)", disk_bytes=disk)
+    total = sum(r.get("bytes_read", 0) for r in counters.rows.values())  # preload, prefill and decode, as disk_bytes
+    stats["cache_bytes"] = None if disk is None else max(0, total - disk)
     return stats
+
+
+def disk_read_bytes() -> int | None:
+    """Bytes this process has had read from storage (Linux ``/proc/self/io`` read_bytes); None elsewhere."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def _compute_ms(trace, compute_ms) -> float:

@@ -1,8 +1,7 @@
 from collections import OrderedDict
 
-import numpy as np
-
 from .base import Policy, _token_ends, register
+from .kernels import recency_replay
 
 
 @register
@@ -33,23 +32,11 @@ class LRU(Policy):
     def order(self):
         return iter(self._od)
 
+    move_on_hit = True  # FIFO: False
+
     def replay(self, keys, token_end=None):
-        """Fast demand-only replay (same result as ``Policy.replay``); ticks are no-ops."""
+        """Fast demand-only replay (same result as ``Policy.replay``; ``kernels.recency_replay``); ticks are no-ops."""
         _token_ends(token_end, len(keys))
-        od = self._od
-        cap = self.capacity
-        move = od.move_to_end
-        pop = od.popitem
-        out = bytearray(len(keys))
-        n = len(od)
-        for i, k in enumerate(np.asarray(keys, dtype=np.int64).tolist()):
-            if k in od:
-                move(k)
-                out[i] = 1
-            elif n >= cap:
-                pop(last=False)
-                od[k] = None
-            else:
-                od[k] = None
-                n += 1
-        return np.frombuffer(bytes(out), dtype=np.bool_).copy()
+        hits, order = recency_replay(keys, self._od, self.capacity, self.move_on_hit)
+        self._od = OrderedDict.fromkeys(order.tolist())
+        return hits
