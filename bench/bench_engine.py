@@ -186,7 +186,7 @@ def ttft_rows(path, model, a, gbps) -> None:
     print(f"time to first token, {a.prefill}-token prompt:")
     print("arena  writes  resident-s  streamed-s  vs-resident  prefill-MB  floor-s  hit-rate  streamed/floor")
     ttft_resident(prompt, model)
-    for arena in a.arenas.split(","):
+    for arena in (a.prefill_arenas or a.arenas).split(","):
         for writes in a.writes.split(",") if a.writes else [None]:
             res, st = [], []
             with Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False) as eng:
@@ -224,6 +224,7 @@ def main():
                     "Qwen3-30B-A3B's, 2.6 MB experts)")
     ap.add_argument("--temp", default="0", help="decoding temperatures, comma-separated (0: greedy)")
     ap.add_argument("--prefill", type=int, default=0, help="also time to first token on a prompt of this many tokens")
+    ap.add_argument("--prefill-arenas", default=None, help="arenas of the time-to-first-token rows (default: --arenas)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
