@@ -56,15 +56,15 @@ def test_a_real_extra_eos_token_stops_generation(ref_store, capsys):
 
 def test_bad_values_are_refused_before_packing(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
-    line = _main_error(capsys, "run", "-m", REF / "ref-moe", "-p", "x", "--seed", "-1")
+    line = _main_error(capsys, "run", "--model", REF / "ref-moe", "-p", "x", "--seed", "-1")
     assert "--seed -1" in line and not (tmp_path / "cache").exists()
-    line = _main_error(capsys, "run", "-m", REF / "ref-moe", "-p", "x", "--trace", tmp_path)
+    line = _main_error(capsys, "run", "--model", REF / "ref-moe", "-p", "x", "--trace", tmp_path)
     assert f"--trace {tmp_path} is a directory" in line and not (tmp_path / "cache").exists()
 
 
 def test_argparse_errors_are_one_line():
-    r = cli("run", "-m", "x", "--max-tokens", "x")
-    assert_clean_error(r, "argument --max-tokens: invalid int value: 'x'", "see workbench run --help")
+    r = cli("run", "--model", "x", "--max-tokens", "x")
+    assert_clean_error(r, "argument --max-tokens/-m: invalid int value: 'x'", "see workbench run --help")
 
 
 def test_random_bytes_on_stdin(ref_store):

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 SUBCOMMAND_MODULES = ("workbench.cli_policy", "workbench.cli_sim", "workbench.cli_analysis", "workbench.cli_report",
                       "workbench.cli_scale", "workbench.cli_ledger")
@@ -229,6 +230,8 @@ def max_tokens_arg(text: str) -> int:
     try:
         return int(text)
     except ValueError:
+        if "/" not in text and not Path(text).exists():
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
         raise argparse.ArgumentTypeError(f"-m is --max-tokens, as in mlx_lm generate; got {text!r}: give the model "
                                          f"as the first argument or with --model {text}") from None
 
@@ -309,7 +312,6 @@ def run_and_print(args):
     from .store.cache import resolve_store
     from .engine.speculative import speculative_generate
     from .trace.recorder import TraceRecorder
-    from .config import VERIFY_NEVER_RISK
 
     name = args.model_flag or args.model or str(default_model())
     if args.model_flag and args.model and args.model_flag != args.model:
@@ -366,6 +368,7 @@ def run_and_print(args):
 def _print_summary(res, text, timing, streamed, verify) -> None:
     """After the streamed text: mlx-lm's summary lines (or its "No text generated"), then the counters."""
     from . import generate as gen
+    from .config import VERIFY_NEVER_RISK
     from .viz.tables import speculative_table, summary_table
 
     stats = res.stats
