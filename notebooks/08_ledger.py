@@ -52,7 +52,7 @@ max_layers = 0      # cosine: only the first N MoE layers (0: all)
 small = False       # CI preset (one prompt per domain, short live runs, two cosine layers)
 
 # %%
-from workbench.analysis.ledger import DOCS, claim_verdicts, headline_counts, workload_ledger
+from workbench.analysis.ledger import DOCS, headline_counts, workload_ledger
 from workbench.analysis.workload import notebook_workload
 from workbench.viz import charts
 from workbench.viz import controls as ui
@@ -79,9 +79,8 @@ cols = ["id", "quantity", "seed_low", "seed_high", "ours", "low", "high", "pi_lo
 comparable = ledger[~ledger["verdict"].isin(["not comparable", "not measurable here"])]
 for doc, what in DOCS.items():
     t = comparable[comparable["doc"] == doc]
-    v = claim_verdicts(ledger[ledger["doc"] == doc]).value_counts().to_dict()
-    wb.show_table(t[cols], f"The {doc} document, {what}: {len(t)} rows; claims: "
-                  + ", ".join(f"{n} {k}" for k, n in v.items()), precision=4)
+    wb.show_table(t[cols], f"The {doc} document, {what}: {len(t)} rows; "
+                  + headline_counts(ledger[ledger["doc"] == doc]), precision=4)
 
 # %% [markdown]
 # ## Not comparable and not measurable here, apart

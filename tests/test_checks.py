@@ -12,7 +12,6 @@ from workbench import checks
 
 def test_numbers_from_text():
     assert checks.parse_whole("--lookahead", " 3 ", 1) == 3
-    assert checks.parse_real("--temp", "0.5", 0) == 0.5
     for bad in ("x", "2.5", True, None, "two"):
         with pytest.raises(ValueError, match="--lookahead must be a whole number"):
             checks.parse_whole("--lookahead", bad, 1)
@@ -20,7 +19,7 @@ def test_numbers_from_text():
         checks.parse_whole("--workers", "0", 1)
     for bad in ("nan", "inf", "-inf"):
         with pytest.raises(ValueError, match="--temp must be a finite number"):
-            checks.parse_real("--temp", bad, 0)
+            checks.real("--temp", bad, 0)
     with pytest.raises(ValueError, match=r"--seed 1180591620717411303424 is out of range"):
         checks.whole("--seed", 2**70, 0, 2**64 - 1)
     with pytest.raises(ValueError, match="--policy 'nosuch' is not known; give one of lru, fifo"):
@@ -51,6 +50,15 @@ def test_input_file(tmp_path):
         f.chmod(0)
         with pytest.raises(ValueError, match="not readable"):
             checks.input_file("--hotlist", f)
+
+
+def test_read_json(tmp_path):
+    f = tmp_path / "c.json"
+    f.write_text('{"a": 1}')
+    assert checks.read_json("config", f, fix="restore it") == {"a": 1}
+    f.write_text('{"a": ')
+    with pytest.raises(ValueError, match=r"config .*c.json is corrupt: it is not valid JSON \(.*\); restore it$"):
+        checks.read_json("config", f, fix="restore it")
 
 
 def test_output_paths(tmp_path):

@@ -110,6 +110,10 @@ def test_metadata_not_json(recorded, tmp_path):
     p = _damage(recorded[0], tmp_path / "t.parquet", raw_meta=b"{n_experts: 8")
     with pytest.raises(TraceError, match="metadata is not valid JSON"):
         read_trace(p)
+    from workbench.sim.sweep import Grid
+
+    with pytest.raises(TraceError, match=f"trace {p} metadata is not valid JSON"):  # a sweep reads only the footer
+        Grid(traces=[p]).cells()
 
 
 @pytest.mark.parametrize("name, fn, msg", COLUMN_CASES, ids=[c[0] for c in COLUMN_CASES])

@@ -79,13 +79,6 @@ def parse_whole(flag: str, text, lo: int | None = None, hi: int | None = None) -
     return whole(flag, text, lo, hi)
 
 
-def parse_real(flag: str, text, lo: float | None = None, hi: float | None = None, *, open_lo: bool = False) -> float:
-    """``text`` read as a finite number in [lo, hi] (``open_lo``: (lo, hi]); ValueError naming ``flag``."""
-    if isinstance(text, str):
-        text = text.strip()
-    return real(flag, text, lo, hi, open_lo=open_lo)
-
-
 def one_of(flag: str, value, options):
     """``value`` if it is one of ``options``; ValueError naming ``flag`` and listing them otherwise."""
     if value not in options:
@@ -158,6 +151,17 @@ def read_text(what: str, path, max_bytes: int = MAX_TEXT_BYTES, fix: str | None 
         raise ValueError(f"{what} {path} is not UTF-8 text (byte {e.start}); {fix or 'give a text file'}") from None
 
 
+def read_json(what: str, path, fix: str, max_bytes: int = MAX_TEXT_BYTES):
+    """``read_text`` parsed as JSON; ValueError naming ``what``, the file and ``fix`` when it is not JSON."""
+    import json
+
+    text = read_text(what, path, max_bytes, fix)
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{what} {path} is corrupt: it is not valid JSON ({e}); {fix}") from None
+
+
 def _nearest_existing(path: Path) -> Path:
     p = path.absolute()
     while not p.exists() and p != p.parent:
@@ -165,13 +169,19 @@ def _nearest_existing(path: Path) -> Path:
     return p
 
 
+def _writable_folder(what: str, path: Path, folder: Path, fix: str) -> None:
+    """``folder`` (``path`` itself, or the existing folder that will hold it) is a writable directory."""
+    if not folder.is_dir():
+        at = "" if folder == path else f": {folder}"
+        raise ValueError(f"{what} {path}{at} is a file, not a folder; {fix}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        at = "" if folder == path else f": folder {folder}"
+        raise ValueError(f"{what} {path}{at} is not writable; {fix}")
+
+
 def _writable_place(what: str, path: Path, fix: str) -> None:
     """The folder that will hold ``path`` (its nearest existing ancestor) is a writable directory."""
-    base = _nearest_existing(path.parent if str(path.parent) else Path("."))
-    if not base.is_dir():
-        raise ValueError(f"{what} {path}: {base} is a file, not a folder; {fix}")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {path}: folder {base} is not writable; {fix}")
+    _writable_folder(what, path, _nearest_existing(path.parent if str(path.parent) else Path(".")), fix)
 
 
 def output_file(what: str, path, fix: str | None = None) -> Path:
@@ -197,10 +207,7 @@ def output_dir(what: str, path, fix: str | None = None) -> Path:
     path = Path(path)
     fix = fix or "give a folder path that can be written"
     if path.exists():
-        if not path.is_dir():
-            raise ValueError(f"{what} {path} is a file, not a folder; {fix}")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ValueError(f"{what} {path} is not writable; {fix}")
-        return path
-    _writable_place(what, path, fix)
+        _writable_folder(what, path, path, fix)
+    else:
+        _writable_place(what, path, fix)
     return path

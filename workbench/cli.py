@@ -115,13 +115,13 @@ def ahead_config(args):
 def calibrated_q(path, predictor, lookahead) -> dict:
     """--calibrated FILE: the fitted claim model's q table for the predictor that reads ahead."""
     from .analysis.calibration import ClaimModel
+    from .checks import read_text
 
+    text = read_text("--calibrated", path, fix="give the claim_model.json that "
+                     "`workbench analyze --what calibration --out DIR` writes")
     try:
-        model = ClaimModel.from_json(open(path).read())
-    except OSError as e:
-        raise ValueError(f"--calibrated {path}: cannot read it ({e.strerror}); give the claim_model.json that "
-                         "`workbench analyze --what calibration --out DIR` writes") from None
-    except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+        model = ClaimModel.from_json(text)
+    except (json.JSONDecodeError, TypeError):
         raise ValueError(f"--calibrated {path}: not a claim model (JSON of `workbench analyze --what calibration`); "
                          "write one with `workbench analyze TRACE --what calibration --model DIR --out DIR`") from None
     predictor = predictor or ("layer" if lookahead else "none")
@@ -217,11 +217,11 @@ def cmd_cache(args) -> int:
     return 0
 
 
-def open_engine(args, progress):
+def open_engine(args, progress, kw):
+    """An Engine on ``args.model`` with the engine keyword arguments ``kw`` (``check_run_flags``' result)."""
     from .engine.engine import Engine
     from .store.cache import resolve_store
 
-    kw = engine_config(args)  # flags are checked before anything is packed or opened
     return Engine(resolve_store(args.model, progress=progress, store=getattr(args, "store", None)), progress=progress, **kw)
 
 
@@ -241,13 +241,15 @@ def str2bool(text: str) -> bool:
     return text.lower() not in ("false", "f")
 
 
-def add_generation_args(p):
-    """mlx-lm's generation flags (same names and defaults as ``mlx_lm generate`` 0.32)."""
+def add_generation_args(p, max_tokens=None):
+    """mlx-lm's generation flags (same names and defaults as ``mlx_lm generate`` 0.32; ``max_tokens``
+    replaces its --max-tokens default)."""
     from .generate import DEFAULT_MAX_TOKENS
 
+    max_tokens = max_tokens or DEFAULT_MAX_TOKENS
     g = p.add_argument_group("generation (as mlx_lm generate)")
-    g.add_argument("--max-tokens", "-m", type=max_tokens_arg, default=DEFAULT_MAX_TOKENS,
-                   help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
+    g.add_argument("--max-tokens", "-m", type=max_tokens_arg, default=max_tokens,
+                   help=f"most tokens to generate (default {max_tokens})")
     g.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0: greedy)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
     g.add_argument("--min-p", type=float, default=0.0, help="min-p sampling")
@@ -275,13 +277,15 @@ def add_generation_args(p):
                    help="with --draft-model: also run plain streaming on a fresh engine and report both")
 
 
-def check_run_flags(args) -> None:
-    """``run``'s values that need no model, checked before anything is packed or opened."""
+def check_run_flags(args) -> dict:
+    """``run``'s values that need no model, checked before anything is packed or opened; returns the
+    engine keyword arguments (arena, policy, I/O, read-ahead, seed; --max-tokens checked)."""
     from .checks import whole
 
-    engine_config(args)  # arena, policy, I/O, read-ahead, seed, --max-tokens
+    kw = engine_config(args)
     if args.draft_model:
         whole("--num-draft-tokens", args.num_draft_tokens, 1)
+    return kw
 
 
 def prompt_ids(args, eng, tok):
@@ -321,10 +325,10 @@ def run_and_print(args):
     gen.chat_template_config(args.chat_template_config)  # checked before anything is packed
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
     talk = args.verbose and not args.json  # progress bars and the streamed text
-    check_run_flags(args)
+    kw = check_run_flags(args)
     trace = TraceRecorder(args.trace, moe_input=args.trace_moe_input, io_events=args.trace_io) if args.trace else None
     args.model = str(resolve_store(gen.resolve_model(name), progress=talk, store=getattr(args, "store", None)))  # packs on first use
-    with open_engine(args, progress=talk) as eng:
+    with open_engine(args, talk, kw) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)
         ids, chat = prompt_ids(args, eng, tok)
@@ -344,7 +348,7 @@ def run_and_print(args):
         text = stream.finish() if stream is not None else gen.decode(tok, res.tokens, eos)
         config = gen.run_config(eng, name, ids, args, chat)
     if draft is not None and args.compare_plain:  # a fresh engine, so neither run inherits a warm arena
-        with open_engine(args, progress=False) as plain:
+        with open_engine(args, False, kw) as plain:
             base = plain.generate(ids, max_tokens=args.max_tokens, sampler=sampler, eos_token_ids=eos).stats
         sp = res.stats["speculative"]
         sp["plain"] = {"tokens_per_s": base["tokens_per_s"], "bytes_per_token": base["bytes_per_token"],
@@ -396,8 +400,6 @@ def _share(arena: str) -> str:
 def cmd_demo(args) -> int:
     """The case in a minute (``workbench.demo``): a held-out prompt streamed through a 25% arena, equal
     to resident mlx-lm; the same prompt over arenas with and without read-ahead; then the report."""
-    from pathlib import Path
-
     from . import demo
     from .data import default_model
     from .store.cache import resolve_store
@@ -480,9 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job on the shipped reference model, then a report")
     p.add_argument("--out", default="reports/demo")
     p.add_argument("--no-report", action="store_true")
-    add_generation_args(p)
+    add_generation_args(p, max_tokens=48)
     add_engine_args(p)
-    p.set_defaults(func=cmd_demo, raw_prompt=True, max_tokens=48)
+    p.set_defaults(func=cmd_demo, raw_prompt=True)
 
     for name in SUBCOMMAND_MODULES:
         try:

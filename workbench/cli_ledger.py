@@ -27,7 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-live", action="store_true", help="skip the live engine runs (strata table, self-draft)")
     p.add_argument("--small", action="store_true", help="the report's small preset: 1 prompt per domain, short runs, "
                                                          "no live rows (seconds; its totals are the small report's)")
-    p.add_argument("--json", action="store_true", help="print one JSON object: {model, rows: [...]}")
+    p.add_argument("--json", action="store_true", help="print one JSON object: {model, prompts, teacher_forced_tokens, "
+                                                      "claims, headline, rows: [...]}")
     p.set_defaults(func=cmd_ledger)
 
 

@@ -106,9 +106,11 @@ def register_sweep(sub) -> None:
     p = sub.add_parser("sweep", help="run a policy grid over traces on Dask; one Parquet dataset of rows",
                        description="Every combination of the comma lists (or a --grid YAML file) is one cell, run by the "
                                    "same library call as `workbench simulate` / `replay` / `ioreplay`, with their defaults "
-                                   "(--phase all). Rows go to OUT/part-*.parquet as batches finish; a cell is keyed by the "
-                                   "trace's content, the workbench version and every setting, and a rerun skips finished "
-                                   "cells. A failing cell is recorded and the sweep goes on (exit 1).")
+                                   "(--phase all) except --cache: ioreplay cells run cold (--cache cold), while "
+                                   "`workbench ioreplay` leaves the page cache as found by default. Rows go to "
+                                   "OUT/part-*.parquet as batches finish; a cell is keyed by the trace's content, the "
+                                   "workbench version and every setting, and a rerun skips finished cells. A failing cell is "
+                                   "recorded and the sweep goes on (exit 1).")
     p.add_argument("trace", nargs="*", metavar="TRACE", help="trace files or fsspec URLs (file://, s3://, gs://)")
     p.add_argument("--grid", help="YAML file with axes: traces (or workloads: name: path), policies, arenas, predictors, "
                                   "distances, gates, kind, phase, timing, hotlist, store, cache")

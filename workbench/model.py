@@ -10,7 +10,7 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
-from .checks import is_whole, json_kind, read_text
+from .checks import is_whole, json_kind, read_json
 from .families import EXPERT_COUNT_KEYS, TOPK_KEYS
 
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -49,15 +49,10 @@ def load_config(path: Path) -> dict:
     f = Path(path) / "config.json"
     if not f.exists():
         raise ModelError(f"{path} has no config.json; point at an mlx-lm model directory or a workbench store")
-    fix = "restore the model's config.json"
     try:
-        text = read_text(f"{path}:", f, fix=fix)  # a FIFO or /dev/zero in its place is refused
+        raw = read_json(f"{path}:", f, fix="restore the model's config.json")  # a FIFO or /dev/zero is refused
     except ValueError as e:
         raise ModelError(str(e)) from None
-    try:
-        raw = json.loads(text)
-    except ValueError as e:
-        raise ModelError(f"{f} is not valid JSON ({e}); {fix}") from None
     return validate_config(raw, f)
 
 

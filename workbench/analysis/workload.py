@@ -167,7 +167,7 @@ def constructed_workload(n_prompts: int = 3, prompt_tokens: int = 16, max_tokens
 
     import numpy as np
 
-    from ..fsutil import cache_dir
+    from ..fsutil import cache_dir, marked_temp_dir, unmark
     from ..randmodel import make_random_model
     from ..store.pack import pack
 
@@ -175,11 +175,13 @@ def constructed_workload(n_prompts: int = 3, prompt_tokens: int = 16, max_tokens
     root = cache_dir() / "constructed" / key
     model, store = root / "model", root / "store"
     if not (model / "config.json").exists():  # built aside, then renamed: a racing reader never sees half a model
-        tmp = make_random_model(root / f".model.tmp-{os.getpid()}", "qwen3_moe", seed=seed, moving=True, **CONSTRUCTED)
-        try:
-            os.rename(tmp, model)
-        except OSError:  # another process got there first
-            shutil.rmtree(tmp, ignore_errors=True)
+        with marked_temp_dir(model) as tmp:  # a killed builder's folder is removed by the next build
+            make_random_model(tmp, "qwen3_moe", seed=seed, moving=True, **CONSTRUCTED)
+            unmark(tmp)
+            try:
+                os.rename(tmp, model)
+            except OSError:  # another process got there first
+                shutil.rmtree(tmp, ignore_errors=True)
     if not (store / "manifest.json").exists():
         pack(model, store, progress=False, reuse=True)
     rng = np.random.default_rng(seed)

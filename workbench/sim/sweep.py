@@ -200,11 +200,9 @@ def _sha256(path) -> str:
 
 def _trace_info(name, path) -> dict:
     """A trace's content hash and footer (metadata, columns): the client never loads its rows."""
-    import json
-
     import pyarrow.parquet as pq
 
-    from ..trace.schema import META_KEY, TraceError, check_meta
+    from ..trace.schema import TraceError, trace_meta
 
     path = _norm(path)
     if not is_url(path):
@@ -222,11 +220,7 @@ def _trace_info(name, path) -> dict:
         raise TraceError(f"trace {path} does not exist; record one with `workbench run ... --trace FILE`") from None
     except Exception as e:  # pyarrow and fsspec raise several types
         raise TraceError(f"trace {path} cannot be read as Parquet ({type(e).__name__}: {str(e)[:120]}); give a workbench trace") from None
-    raw = (schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise TraceError(f"trace {path} has no workbench metadata; it was not written by `workbench run --trace`")
-    meta = json.loads(raw)
-    check_meta(meta, f"trace {path}")
+    meta = trace_meta(schema.metadata, f"trace {path}")
     return dict(name=str(name), path=path, sha256=sha, meta=meta, columns=set(schema.names))
 
 

@@ -22,7 +22,12 @@ ID_COLUMNS = ("cell_id", "config_json", "status")
 def config_hash(config: dict) -> tuple[str, str]:
     """(cell id, canonical JSON) of a cell's configuration."""
     text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16], text
+    return cell_id(text), text
+
+
+def cell_id(config_json: str) -> str:
+    """The id of a cell whose canonical configuration JSON is ``config_json``."""
+    return hashlib.sha256(config_json.encode()).hexdigest()[:16]
 
 
 def is_url(path) -> bool:
@@ -80,7 +85,7 @@ def _read_part(fs, path) -> pd.DataFrame:
     missing = [c for c in ID_COLUMNS if c not in df.columns]
     if missing or not len(df):
         raise ValueError(f"sweep part {path} is malformed (missing {missing}, {len(df)} rows); move it away and rerun the sweep")
-    ok = [hashlib.sha256(c.encode()).hexdigest()[:16] == i for i, c in zip(df.cell_id, df.config_json)]  # config_hash's
+    ok = [cell_id(c) == i for i, c in zip(df.cell_id, df.config_json)]
     if not all(ok):
         raise ValueError(f"sweep part {path}: {ok.count(False)} rows do not match their cell id (edited or damaged); "
                          "move it away and rerun the sweep")
@@ -88,7 +93,7 @@ def _read_part(fs, path) -> pd.DataFrame:
 
 
 def read_parts(out, on_bad=None) -> pd.DataFrame:
-    """Every verified row of ``out`` (all statuses). ``on_bad(path, message)``: called for
+    """Every verified row of ``out`` (all statuses). ``on_bad(fs, path, message)``: called for
     a bad part instead of raising (the sweep uses it to set the part aside and rerun its cells)."""
     fs, root = out_fs(out)
     if not fs.isdir(root):

@@ -7,12 +7,11 @@ each blob starting at a multiple of ``alignment`` (16 KiB).
 
 from __future__ import annotations
 
-import json
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checks import is_whole, json_kind, read_text
+from ..checks import is_whole, json_kind, read_json
 
 FORMAT = "workbench-store/1"
 ALIGN = 16 * 1024
@@ -80,13 +79,9 @@ class Manifest:
         if not f.exists():
             raise StoreError(f"{root} is not a workbench store (no {MANIFEST}); create one with `workbench pack MODEL_DIR {root}`")
         try:
-            text = read_text(f"store {root}:", f, fix=REPACK)  # a FIFO or /dev/zero in its place is refused
+            data = read_json(f"store {root}:", f, fix=REPACK)  # a FIFO or /dev/zero in its place is refused
         except ValueError as e:
             raise StoreError(str(e)) from None
-        try:
-            data = json.loads(text)
-        except ValueError as e:
-            raise StoreError(f"{f} is corrupt ({e}); {REPACK}") from None
         if not isinstance(data, dict):
             raise StoreError(f"{f} is corrupt (a JSON {json_kind(data)}, not an object); {REPACK}")
         if data.get("format") != FORMAT:

@@ -110,15 +110,8 @@ def read_trace(path) -> Trace:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for bad files
         raise TraceError(f"trace {path} is not a readable Parquet file ({e}); re-record it") from None
-    raw = (table.schema.metadata or {}).get(META_KEY)
-    if raw is None:
-        raise TraceError(f"trace {path} has no workbench metadata; it was not written by `workbench run --trace`")
-    try:
-        meta = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise TraceError(f"trace {path} metadata is not valid JSON ({e}); re-record it") from None
     where = f"trace {path}"
-    check_meta(meta, where)
+    meta = trace_meta(table.schema.metadata, where)
     cols = [f.name for f in ROUTE_FIELDS if f.name not in table.column_names and f.name != "logits"]
     if cols:
         raise TraceError(f"{where} is malformed: missing columns {cols}; re-record it")
@@ -138,6 +131,20 @@ def read_trace(path) -> Trace:
 
 
 MAX_EXPERTS = 1 << 15  # expert and layer ids are int16 in the trace
+
+
+def trace_meta(metadata, where: str) -> dict:
+    """The workbench metadata of a Parquet footer's ``metadata`` (bytes to bytes), parsed and checked;
+    TraceError naming ``where`` (``trace PATH``) and the fix otherwise."""
+    raw = (metadata or {}).get(META_KEY)
+    if raw is None:
+        raise TraceError(f"{where} has no workbench metadata; it was not written by `workbench run --trace`")
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise TraceError(f"{where} metadata is not valid JSON ({e}); re-record it") from None
+    check_meta(meta, where)
+    return meta
 
 
 def check_meta(meta, where: str) -> None:
