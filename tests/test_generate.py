@@ -433,6 +433,12 @@ def test_counter_lines_add_up(capsys):
     assert arena + ahead + demand == lookups and ahead > 0
     rate = float(re.search(r"^hit rate\s+([\d.]+)%", out, re.M).group(1))
     assert abs(rate - 100 * (arena + ahead) / lookups) < 0.06
+    long_prompt = "def parse_config(path):\n    with open(path) as f:\n        return f.read()\n" * 3
+    assert main(["run", str(REFERENCE), "-p", long_prompt, "-m", "2", "--arena", "0.25"]) == 0
+    line = re.search(r"^prompt\s+(\d+) lookups: (\d+) from the arena, (\d+) by the next layer's read-ahead, "
+                     r"(\d+) read on demand", capsys.readouterr().out, re.M)
+    total, *parts = (int(g) for g in line.groups())
+    assert sum(parts) == total and parts[1] > 0  # a long prompt reads the next layer ahead (Claims)
 
 
 @needs_reference

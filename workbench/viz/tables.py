@@ -60,7 +60,8 @@ def summary_table(s: dict) -> str:
                            + (f"{handshake} layer by layer without a sync, " if handshake else "")
                            + f"{n - one_pass - handshake} layer by layer; {s.get('recomputes', 0)} optimistic "
                            f"passes re-ran from a layer that missed"))
-    rows.append(("prompt", f"{pre['lookups']} lookups: {pre['hits']} from the arena, {pre['misses']} read on demand, "
+    rows.append(("prompt", f"{pre['lookups']} lookups: {pre['hits']} from the arena, {pre['prefetch_hits']} by the "
+                           f"next layer's read-ahead, {pre['misses']} read on demand, "
                            f"{pre['bytes_read'] / 1e6:.2f} MB"))
     rows.append(("residency hash", s["residency_hash"]))
     return aligned(rows)
