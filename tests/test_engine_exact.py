@@ -240,8 +240,7 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
     log-probs, claims, read-ahead and residency as a sync per layer. Hooks at the claim's points
     (``experts.selected``, a trace) fire in the answer, with the same values; a forward hook (a
     layer's MoE input or router logits, which it sees while the graph is built) syncs per layer
-    instead. Staged writes too, their rows landed by the copy engine while the device waits.
-    Elsewhere there is no handshake."""
+    instead; so do staged writes. Elsewhere there is no handshake."""
     from workbench.config import AheadConfig
     from workbench.cuda import in_use
     from workbench.hooks import run_with_cache
@@ -274,18 +273,8 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
             assert runs[True].stats[key] == runs[False].stats[key], (ahead, key)
         assert runs[True].stats["prefetch"]["issued"] == runs[False].stats["prefetch"]["issued"]
         assert (runs[True].stats["prefetch"]["issued"] > 0) == (ahead is not None)
-    staged = {}
-    for handshake in (True, False):  # staged rows land by the copy engine while the device waits
-        with Engine(store, arena=ArenaConfig("0.3", writes="staged"), decode="layer", progress=False) as eng:
-            assert (eng.handshake is not None) == cuda
-            if not handshake:
-                eng.handshake = None
-            staged[handshake] = res = eng.generate(PROMPT, max_tokens=16)
-            assert res.tokens == ref and res.stats["misses"] > 0
-            np.testing.assert_allclose(res.logprobs, ref_lp, atol=TOL)
-    assert staged[True].stats["handshake_tokens"] == (15 if cuda else 0)
-    for key in ("hits", "misses", "evictions", "residency_hash", "bytes_read"):
-        assert staged[True].stats[key] == staged[False].stats[key], key
+    with Engine(store, arena=ArenaConfig("0.3", writes="staged"), progress=False) as eng:
+        assert eng.handshake is None  # staged reads land with a kernel launched after the claim
 
 
 def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
