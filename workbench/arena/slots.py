@@ -8,8 +8,7 @@
   staged   reads land in a bounce row of host memory, copied into the slot by the decode thread
            with the next claim's compute (``landed``) or in ``flush`` (``staging``: pinned rows and
            a landing kernel on CUDA, whose managed slot pages would otherwise migrate to the host
-           on every read and fault back); while the device waits for the host (the handshake),
-           by the copy engine and a host wait (``host_landing``)
+           on every read and fault back)
   none     no slot memory: reads land nowhere; the simulators
            drive the same rules with an I/O backend of their own (``sim.vio``)
 
@@ -76,7 +75,6 @@ class Slots:
 
     name = "none"
     in_place = False
-    lands_by_host = False  # reads can be landed by the host alone (``host_landing``), with no compute queued
 
     def __init__(self, manifest, n_slots: int):
         self.tensors: dict = {}
@@ -99,10 +97,6 @@ class Slots:
     def drain(self) -> None:
         """The end of a request: every landing has run."""
 
-    def host_landing(self, on: bool) -> None:
-        """While the device waits in its stream for the host (the handshake), reads must land
-        without anything queued behind that wait: by the host and a copy it waits for."""
-
     def close(self) -> None:
         """Give back what outlives the arena (the tensors stay valid)."""
 
@@ -115,7 +109,7 @@ class DirectSlots(Slots):
     """Reads land in the slot's memory through writable byte views (``views[slot]``: one per tensor)."""
 
     name = "direct"
-    in_place = lands_by_host = True
+    in_place = True
 
     def __init__(self, manifest, n_slots: int, tensors=None):
         self.tensors = _zeros(manifest, n_slots) if tensors is None else tensors
@@ -156,10 +150,6 @@ class StagedSlots(Slots):
     def __init__(self, manifest, n_slots: int):
         self.tensors = _zeros(manifest, n_slots)
         self.staging = Staging([self.tensors[t.name] for t in manifest.tensors])
-        self.lands_by_host = self.staging.device_copy  # the copy engine, on this thread's own stream
-
-    def host_landing(self, on: bool) -> None:
-        self.staging.by_copy = on
 
     def request(self, blob, slot: int, speculative: bool = False) -> ReadRequest:
         """A bounce row split like the slot's tensors, landed by the reading thread (``ReadRequest.land``)."""

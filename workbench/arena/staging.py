@@ -57,7 +57,6 @@ class Staging:
         self._cuda = cuda.runtime() if cuda.in_use() else None
         self.device_copy = self._cuda is not None and all(cuda.on_gpu(self._cuda, address(r), r.nbytes) for r in raw)
         self.kernel = False  # pending rows land through the landing kernel
-        self.by_copy = False  # land by DMA and a host wait even where the kernel works (``StagedSlots.host_landing``)
         if self.device_copy:
             self.bases = [address(r) for r in raw]
             self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
@@ -119,7 +118,7 @@ class Staging:
         if not pending:
             return None
         last = _last_per_slot(pending)
-        out = self._launch(last, ids) if self.kernel and not self.by_copy else self._copy(last)
+        out = self._launch(last, ids) if self.kernel else self._copy(last)
         with self._lock:
             del self.pending[:len(pending)]  # readers only append
         rows = [row for row, _ in pending]

@@ -118,7 +118,7 @@ class Engine(SpeculativeMixin):
         # per-layer decode on CUDA: ids to the host and slot ids back in the device's stream (handshake.py);
         # the device waits for the host at most 50 ms, or 4x reading a layer's experts at 1 GB/s
         self.handshake = None
-        if self.arena.slots.lands_by_host:  # in place, or staged rows landed by the copy engine while the device waits
+        if self.arena.slots.in_place:  # staged reads land by a kernel after the claim: a sync
             wait = max(0.05, 4 * self.top_k * self.m.expert_bytes / 1e9)
             self.handshake = Handshake.create(self.m.moe_layers, self.top_k, self.arena.placeholder, wait,
                                               extra=self.m.n_experts)  # the planner's prediction: a router's logits
