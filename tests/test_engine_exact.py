@@ -175,8 +175,8 @@ def _preferred_location(array) -> int:
 
 
 def test_slot_writes_default_by_backend_and_arena_size(tiny):
-    """direct on the CPU and Metal; on CUDA mapped for a partial arena and staged for a full one
-    (bench/RESULTS.md, bench_engine: "`mapped` for a partial arena"), and a mapped arena's memory is back on the GPU once the engine is
+    """direct on the CPU and Metal; on CUDA mapped for a partial arena of small experts (these tiny
+    ones) and staged for a full one (``slots.default_mode``), and a mapped arena's memory is back on the GPU once the engine is
     closed, before MLX hands it to another array."""
     from workbench.cuda import in_use
 

@@ -9,7 +9,7 @@ from workbench.arena.slots import DirectSlots, NoSlots, StagedSlots, default_mod
 from workbench.store.manifest import TensorSpec
 
 TENSORS = [TensorSpec("w", (4, 8), "uint8", 32), TensorSpec("s", (3,), "float32", 12)]
-MANIFEST = SimpleNamespace(tensors=TENSORS, n_routed=16)
+MANIFEST = SimpleNamespace(tensors=TENSORS, n_routed=16, expert_bytes=44)
 
 
 def _fill(req, seed):
@@ -68,3 +68,16 @@ def test_staged_reads_land_with_the_next_claim_and_rows_come_back():
     assert lost.buffer is None and len(slots.staging.free) == free
     slots.drain()
     assert slots.staging.pending == []
+
+
+def test_default_slot_memory_by_backend_arena_and_expert_size(monkeypatch):
+    """direct on unified memory; on CUDA staged for a full arena or experts of MAPPED_BELOW bytes or
+    more (megabyte experts cross the bus once per miss, not once per use), mapped for small ones."""
+    from workbench.arena import slots
+
+    monkeypatch.setattr(slots, "unified_memory", lambda: True)
+    assert slots.default_mode(False, 2_600_000) == slots.default_mode(True, 31_000) == "direct"
+    monkeypatch.setattr(slots, "unified_memory", lambda: False)
+    assert slots.default_mode(False, 31_000) == "mapped"
+    assert slots.default_mode(False, slots.MAPPED_BELOW) == slots.default_mode(False, 2_600_000) == "staged"
+    assert slots.default_mode(True, 31_000) == "staged"

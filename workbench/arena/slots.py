@@ -13,7 +13,7 @@
            drive the same rules with an I/O backend of their own (``sim.vio``)
 
 The slot tensors have one extra row, the arena's placeholder (zeros, never written).
-``make_slots`` picks the mode by backend and arena size where none is named (``default_mode``).
+``make_slots`` picks the mode by backend, arena size and expert size where none is named (``default_mode``).
 The arena makes every read through ``request`` and calls ``recycle``, ``landed``, ``flush``,
 ``drain`` and ``close``; nothing else in it depends on the mode.
 """
@@ -39,20 +39,25 @@ def unified_memory() -> bool:
     return mx.default_device() == mx.cpu or mx.metal.is_available()
 
 
-def default_mode(full: bool = False) -> str:
-    """direct where host and device share memory (CPU, Metal). On CUDA: mapped for an arena that
-    holds part of the experts (no landing per read), staged for one that holds them all (its experts
-    are then read from GPU memory on every token): bench/RESULTS.md, bench_engine's note "`mapped` for
-    a partial arena, `staged` for a full one"."""
+MAPPED_BELOW = 256 * 1024  # expert bytes below which a partial CUDA arena's slots are host memory mapped
+
+
+def default_mode(full: bool = False, expert_bytes: int = 0) -> str:
+    """direct where host and device share memory (CPU, Metal). On CUDA, by the bytes that cross the
+    bus: ``mapped`` moves every expert use (lookups x expert size per token), ``staged`` every miss
+    once, plus a landing per claim. So: staged for a full arena, and for experts of
+    ``MAPPED_BELOW`` or more (0.44 MB, 2.6 MB); mapped for a partial arena of small experts (31 KB),
+    where the landing's fixed cost per claim is what counts (bench/RESULTS.md, "slot memory by
+    expert size")."""
     if unified_memory():
         return "direct"
-    return "staged" if full else "mapped"
+    return "staged" if full or expert_bytes >= MAPPED_BELOW else "mapped"
 
 
 def make_slots(mode, manifest, n_slots: int) -> "Slots":
     """Slot memory for ``n_slots`` slots of ``manifest``'s tensors. ``mode`` None: ``default_mode``
     (full: the arena holds every routed expert); "mapped" on unified memory is direct."""
-    mode = mode or default_mode(full=n_slots >= manifest.n_routed)
+    mode = mode or default_mode(full=n_slots >= manifest.n_routed, expert_bytes=manifest.expert_bytes)
     if mode not in MODES:
         raise ValueError(f"unknown slot write mode {mode!r}; valid: {', '.join(MODES)}")
     if mode == "mapped" and unified_memory():
