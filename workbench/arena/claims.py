@@ -52,19 +52,21 @@ class Claims:
         layers = list(arena.m.moe_layers)
         self.next_layer = dict(zip(layers, layers[1:]))  # MoE layer -> the next one
         self.ahead = None  # the MoE layer whose experts ``end`` reads ahead (a long batch), or None
+        self.settle_at_end = False  # a long batch's last layer: ``end`` settles its reads not claimed
 
     def begin(self, layer: int, ids: np.ndarray) -> list:
         """``ids`` ([..., top_k] host ids, one row per token) were routed at ``layer``: the waves
         (sorted unique expert ids each) to claim in turn."""
         if self.on_begin is not None:
             self.on_begin(layer, ids)
-        self.ahead = None
+        self.ahead, self.settle_at_end = None, False
         if ids.size == self.top_k:  # one token: its top-k ids are distinct already
             return [sorted(ids.reshape(-1).tolist())]  # a list: numpy's first call after a sync is slow
         wanted, counts = np.unique(ids, return_counts=True)
         arena = self.arena
         if reads_next_layer(ids.size // self.top_k, self.top_k, arena.E, arena.n_slots):
-            self.ahead = self.next_layer.get(layer, -1)  # -1: the last layer, whose end settles the reads
+            self.ahead = self.next_layer.get(layer)
+            self.settle_at_end = self.ahead is None
         room = arena.n_slots - len(arena.spec) - len(arena.limbo)
         if ids.size // self.top_k > PREFILL_TOKENS:  # layer-ranked streaming, hottest first
             room = min(room, prefill_cap(layer))
@@ -94,14 +96,14 @@ class Claims:
         them), then they are released and the limbo generation turns."""
         if read_ahead is not None:
             read_ahead()
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None and ahead >= 0:  # speculative reads of the next layer's experts not mapped,
-            for e in range(self.arena.E):  # as far as the arena lets (never a pinned slot, never that layer's)
-                self.arena.prefetch(ahead, e, self.top_k)
+        if self.ahead is not None:  # speculative reads of the next layer's experts not mapped, as far
+            for e in range(self.arena.E):  # as the arena lets (never a pinned slot, never that layer's)
+                self.arena.prefetch(self.ahead, e, self.top_k)
         self.arena.release()
         self.arena.after_layer()
-        if ahead == -1:  # the batch's last layer: its reads not claimed are settled in its step
+        if self.settle_at_end:  # the batch's last layer: its reads not claimed are settled in its step
             self.arena.clear_limbo()
+        self.ahead, self.settle_at_end = None, False
 
     def route(self, layer: int, ids: np.ndarray, read_ahead=None) -> np.ndarray:
         """The whole sequence for a decision with no compute in between; the last wave's table."""

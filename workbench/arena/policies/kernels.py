@@ -9,9 +9,9 @@ the policy classes by the conformance tests (tests/test_policies.py).
 
 from __future__ import annotations
 
-import numpy as np
-
 import importlib.util
+
+import numpy as np
 
 JIT_MIN = 300_000  # lookups below which the interpreted loop beats importing numba and loading the compiled code
 
