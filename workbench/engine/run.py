@@ -2,7 +2,7 @@
 ``Run`` (the step, the KV caches, the controller, the recorder, the token running ahead, the
 claim sequence) and drive the model through passes (``passes.py``).
 
-Read ``generate`` top to bottom: prefill the prompt in one pass, then one token per step. A
+Read ``generate`` top to bottom: prefill the prompt (2048 tokens a pass, as mlx-lm), then one token per step. A
 token is an optimistic pass when the controller says so (no cache-aware routing, caches that roll
 back; greedy or sampled), else a per-layer pass: through the handshake where it works, else with
 a sync per MoE layer. A sampled token computed again is drawn again with its first draw's key.
@@ -67,7 +67,7 @@ class Run:
         ``on_token(token)`` as each is out: (last logits, tokens, step times, residency hash)."""
         residency = hashlib.sha256()
         tokens, times = [], []
-        if len(self.prompt) > 1:  # prefill: every prompt token but the last, in one pass
+        if len(self.prompt) > 1:  # prefill: every prompt token but the last
             self.prefill(mx.array(self.prompt[:-1]))
         y, logits = mx.array(self.prompt[-1:]), None
         for step in range(1, self.max_step + 1):
@@ -104,8 +104,8 @@ class Run:
         return p.finish()
 
     def prefill(self, x, protect=True) -> None:
-        """Prompt tokens ``x`` (a 1-D array) in passes of ``--prefill-step-size`` tokens (one pass by
-        default), step 0; ``protect``: keep the prompt's hottest experts hottest afterwards."""
+        """Prompt tokens ``x`` (a 1-D array) in passes of ``--prefill-step-size`` tokens (2048 by
+        default, as mlx-lm), step 0; ``protect``: keep the prompt's hottest experts hottest afterwards."""
         self.begin_step(0, "prefill")
         for i in range(0, len(x), self.kv.prefill_step):
             self.call(SyncPass(self, 0), x[i:i + self.kv.prefill_step][None])
