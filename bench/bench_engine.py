@@ -270,7 +270,7 @@ def main():
     if a.prefill:
         ttft_rows(path, model, a, gbps)
     print("arena  decode     writes  temp  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  "
-          "opt-tok  recomp  hs-tok  host-us/layer  MB/tok  read-floor  equal  engine/floor per rep")
+          "opt-tok  recomp  hs-tok  hs-pass  host-us/layer  MB/tok  read-floor  equal  engine/floor per rep")
     temps = [float(t) for t in a.temp.split(",")]
     combos = [(arena, decode, w, ahead, inline, landing, pipe, hs) for arena in a.arenas.split(",")
               for decode in a.decode.split(",") for w in (a.writes.split(",") if a.writes else [None])
@@ -318,6 +318,7 @@ def main():
                     print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {temp:4.1f} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
                           f"{fm / sm:8.2f}x  {stats['hit_rate']:7.1%}  {stats['distinct_tokens']:3d}/{stats['tokens']:<3d}  "
                           f"{stats['optimistic_tokens']:6d}  {stats['recomputes']:6d}  {stats['handshake_tokens']:5d}  "
+                          f"{stats['handshake_layers_passed'] / max(1, stats['handshake_tokens'] * len(eng.m.moe_layers)):6.0%}  "
                           f"{(sm - fm) * 1e3 / len(eng.m.moe_layers):13.0f}  {stats['bytes_per_token'] / 1e6:6.2f}  "
                           f"{fm + stats['bytes_per_token'] / gbps / 1e6:10.2f}  {'yes' if equal else 'NO':>5}  {spread(s, f)}", flush=True)
                     if a.profile:

@@ -14,43 +14,45 @@ from mlx_lm.sample_utils import make_sampler
 from conftest import TOL, resident_greedy
 from workbench.config import AheadConfig, ArenaConfig
 from workbench.engine.engine import Engine
-from workbench.engine.handshake import Handshake
+from workbench.engine.handshake import Flight, Handshake
 from workbench.hooks import run_with_cache
 
 PROMPT = [5, 17, 3, 99, 42, 8, 77, 1, 64, 23, 11, 90, 31, 7, 56, 2, 88, 14, 70, 45]
 
 
 class HostDevice(Handshake):
+    LANES = 1  # its claims are made as a token's graph is built: no token can be built ahead
+
     def __init__(self, eng, give_up=False):  # no pinned mailbox, no kernel: the host answers in ``slots``
         self.k, self.placeholder, self.give_up = eng.top_k, eng.arena.placeholder, give_up
         self.claim = lambda layer, ids, z: eng.current.answer(layer, ids, z)  # the handshake pass's claim
-        self.words = np.zeros(1, dtype=np.uint64)
         self.per_layer, self.token = False, 0
-        self.begin()
 
-    def begin(self):
-        super().begin()
-        self.given = None
+    def begin(self, through=True):
+        self.token += 1
+        f = Flight(0, self.token, False)
+        f.given = None
+        return f
 
-    def slots(self, layer, indices, extra=None):
-        self.tickets[layer] = self.token
-        if self.void:  # given up: later layers send nothing and compute on the placeholder
+    def slots(self, f, layer, indices, extra=None):
+        f.tickets[layer] = f.token
+        if f.void:  # given up: later layers send nothing and compute on the placeholder
             return mx.full(indices.shape, self.placeholder, dtype=mx.uint32)
         mx.eval(indices, *([] if extra is None else [extra]))
         z = None if extra is None else np.array(extra.astype(mx.float32)).reshape(-1)
-        self.answers[layer] = self.claim(layer, np.array(indices).reshape(-1).tolist(), z)
+        f.answers[layer] = self.claim(layer, np.array(indices).reshape(-1).tolist(), z)
         if self.give_up:  # claimed, but the device stopped waiting before the answer
-            self.given, self.void = layer, True
+            f.given, f.void = layer, True
             return mx.full(indices.shape, self.placeholder, dtype=mx.uint32)
-        return mx.array(np.array(self.answers[layer], dtype=np.uint32).reshape(indices.shape))
+        return mx.array(np.array(f.answers[layer], dtype=np.uint32).reshape(indices.shape))
 
-    def serve(self, claim, wait):
+    def serve(self, f, claim, wait, settle=None):
         return 0.0
 
-    def gave_up(self):
-        return self.given
+    def gave_up(self, f):
+        return f.given
 
-    def abort(self):
+    def abort(self, f):
         pass
 
 

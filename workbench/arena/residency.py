@@ -11,11 +11,23 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .. import cuda
+
+
+def _table(n_rows, n_experts, fill):
+    """The int32 table, and the pinned memory it lives in on CUDA (the handshake's hit-through reads
+    it while a token runs: ``engine.handshake``), else None."""
+    memory = cuda.Pinned(cuda.runtime(), n_rows * n_experts * 4) if cuda.in_use() else None
+    table = np.empty((n_rows, n_experts), dtype=np.int32) if memory is None else \
+        np.frombuffer(memory.buffer, dtype=np.int32).reshape(n_rows, n_experts)
+    table[:] = fill
+    return table, memory
+
 
 class Residency:
     def __init__(self, n_rows: int, n_experts: int, n_slots: int, n_routed: int):
         self.E, self.placeholder, self.n_routed = n_experts, n_slots, n_routed
-        self.lut = np.full((n_rows, n_experts), n_slots, dtype=np.int32)  # published -> slot
+        self.lut, self.lut_memory = _table(n_rows, n_experts, n_slots)  # published -> slot
         self.mapped = np.zeros(self.lut.shape, dtype=bool)  # (layer, expert) has a slot: published or in flight
         self._lut_of, self._mapped_of = self.lut.reshape(-1), self.mapped.reshape(-1)  # the same memory, by key
         self.key_of = [-1] * n_slots

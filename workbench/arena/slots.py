@@ -15,7 +15,8 @@
 The slot tensors have one extra row, the arena's placeholder (zeros, never written).
 ``make_slots`` picks the mode by backend, arena size and expert size where none is named (``default_mode``).
 The arena makes every read through ``request`` and calls ``recycle``, ``landed``, ``flush``,
-``drain`` and ``close``; nothing else in it depends on the mode.
+``drain`` and ``close``; nothing else in it depends on the mode. The handshake (``engine.handshake``)
+lands staged reads in the device's stream itself: ``hand_over``, ``copies``, ``retire``, ``reland``.
 """
 
 from __future__ import annotations
@@ -96,6 +97,27 @@ class Slots:
         by now are in their slots before that compute."""
         return mx.array(ids.astype(np.uint32))
 
+    def handshake_copies(self, top_k: int):
+        """How many copies one handshake answer may land in the device's stream (0: reads land in
+        place), or None where the handshake cannot serve these slots."""
+        return 0 if self.in_place else None
+
+    def hand_over(self, claim):
+        """``claim()`` with the reads it completes handed over to the caller, who lands them in the
+        device's stream (the handshake's copy kernel): (its result, [(row, slot)]: none where reads
+        land in place)."""
+        return claim(), []
+
+    def copies(self, pairs) -> np.ndarray:
+        """Handed-over reads as [n, 3] uint64 device copies (source, destination, bytes)."""
+        return np.zeros((0, 3), dtype=np.uint64)
+
+    def retire(self, out, pairs) -> None:
+        """Handed-over reads are copied by the kernel whose output is ``out``."""
+
+    def reland(self, out, pairs) -> None:
+        """That kernel may not have copied them: they land with the next ``landed`` or ``flush``."""
+
     def flush(self) -> None:
         """Reads complete by now are in their slots (a host wait)."""
 
@@ -175,6 +197,23 @@ class StagedSlots(Slots):
 
     def landed(self, ids: np.ndarray) -> mx.array:
         return self.staging.landed(ids)
+
+    def handshake_copies(self, top_k: int):
+        """Two tokens' worth of rows (pending reads of earlier claims land with the next one), in
+        the landing kernel's chunks; None where that kernel cannot be built here."""
+        return 2 * top_k * self.staging.chunks_per_row if self.staging.kernel else None
+
+    def hand_over(self, claim):
+        return self.staging.hand_over(claim)
+
+    def copies(self, pairs) -> np.ndarray:
+        return self.staging.copies(pairs)
+
+    def retire(self, out, pairs) -> None:
+        self.staging.retire(out, pairs)
+
+    def reland(self, out, pairs) -> None:
+        self.staging.reland(out, pairs)
 
     def flush(self) -> None:
         self.staging.flush()

@@ -53,6 +53,7 @@ class Staging:
         self.pending: list = []  # (row, slot) of complete reads not landed yet, in the order they completed
         self._lock = threading.Lock()  # for ``pending``
         self._inflight: deque = deque()  # (landing kernel's output, its rows) that it may still read
+        self.divert = None  # a list: pending rows go there instead of landing (``hand_over``)
         self._local = threading.local()
         self._cuda = cuda.runtime() if cuda.in_use() else None
         self.device_copy = self._cuda is not None and all(cuda.on_gpu(self._cuda, address(r), r.nbytes) for r in raw)
@@ -63,6 +64,7 @@ class Staging:
             self._dsts = {}  # slot -> its tensors' addresses, as a batch copy takes them
             self.batched = cuda.batch_copy(self._cuda) is not None  # False: one copy per tensor
             self._plan = _chunks(self.sizes, self.offsets, self.bases)
+            self.chunks_per_row = len(self._plan[0])
             self.kernel = self._kernel_works(tensors)
         else:
             self.slot_views = raw
@@ -109,15 +111,60 @@ class Staging:
         while self._inflight:
             self.free.extend(self._inflight.popleft()[1])
 
+    def hand_over(self, claim):
+        """``claim()`` with the rows it lands handed over, not landed: (its result, [(row, slot)]).
+        Whoever takes them copies them into their slots in the device's stream (the handshake's
+        copy kernel: ``copies``) and gives them back with ``retire``."""
+        self.divert = []
+        try:
+            return claim(), self.divert
+        finally:
+            self.divert = None
+
+    def copies(self, pairs) -> np.ndarray:
+        """[(row, slot)] as [n, 3] uint64 copies (source, destination, bytes) of at most ``_CHUNK``
+        bytes each, row by row."""
+        src_off, dst0, stride, nbytes = self._plan
+        rows = np.array([row.device for row, _ in pairs], dtype=np.uint64)[:, None]
+        slots = np.array([slot for _, slot in pairs], dtype=np.uint64)[:, None]
+        copies = np.empty((len(pairs), src_off.size, 3), dtype=np.uint64)
+        copies[..., 0] = rows + src_off
+        copies[..., 1] = dst0 + slots * stride
+        copies[..., 2] = nbytes
+        return copies.reshape(-1, 3)
+
+    def retire(self, out, pairs) -> None:
+        """Handed-over rows ``pairs`` are being copied by the kernel whose output is ``out``: given
+        back once it has run."""
+        self._inflight.append((out, [row for row, _ in pairs]))
+
+    def reland(self, out, pairs) -> None:
+        """The kernel ``out`` may not have copied ``pairs`` (the device gave up): they land again with
+        the next ``landed`` or ``flush``."""
+        for i, (o, _) in enumerate(self._inflight):
+            if o is out:
+                del self._inflight[i]
+                break
+        with self._lock:
+            self.pending[:0] = pairs
+
     def _land_pending(self, ids):
         """Land every pending row: the landing kernel's output (``ids``), or None where they are in
-        their slots already (no kernel: copied, and the rows given back). Rows leave ``pending``
-        only once launched or copied: an error or an interrupt before that leaves them to land later."""
+        their slots already (no kernel: copied, and the rows given back; or handed over). Rows leave
+        ``pending`` only once launched or copied: an error or an interrupt before that leaves them to
+        land later."""
         with self._lock:
             pending = list(self.pending)
         if not pending:
             return None
         last = _last_per_slot(pending)
+        if self.divert is not None:
+            self.divert.extend(last)
+            with self._lock:
+                del self.pending[:len(pending)]
+            kept = {id(row) for row, _ in last}
+            self.free.extend(row for row, _ in pending if id(row) not in kept)  # a previous owner's: never copied
+            return None
         out = self._launch(last, ids) if self.kernel else self._copy(last)
         with self._lock:
             del self.pending[:len(pending)]  # readers only append
@@ -144,16 +191,11 @@ class Staging:
     def _launch(self, pending, ids):
         """The landing kernel for ``pending`` [(row, slot)]: its output is ``ids`` (numpy slot ids),
         which travel at the end of its table."""
-        src_off, dst0, stride, nbytes = self._plan
-        rows = np.array([row.device for row, _ in pending], dtype=np.uint64)[:, None]
-        slots = np.array([slot for _, slot in pending], dtype=np.uint64)[:, None]
-        n = rows.size * src_off.size
+        copies = self.copies(pending)
+        n = len(copies)
         table = np.empty(3 * (1 + n) + ids.size, dtype=np.uint64)
         table[:3] = (ids.size, n, 0)
-        copies = table[3:3 * (1 + n)].reshape(rows.size, src_off.size, 3)  # row by row, a row's chunks in turn
-        copies[..., 0] = rows + src_off
-        copies[..., 1] = dst0 + slots * stride
-        copies[..., 2] = nbytes
+        table[3:3 * (1 + n)] = copies.reshape(-1)
         table[3 * (1 + n):] = ids.reshape(-1)
         return _landing_kernel()(inputs=[mx.array(table)], grid=(n * _THREADS, 1, 1), threadgroup=(_THREADS, 1, 1),
                                  output_shapes=[ids.shape], output_dtypes=[mx.uint32])[0]

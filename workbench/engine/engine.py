@@ -115,13 +115,16 @@ class Engine(SpeculativeMixin):
         self.pipeline = True  # per-layer decode starts each layer's experts at once (faster on both backends:
         # bench_engine.py --pipeline on,off)
         self.current = None  # the pass the model's expert calls go to (``using``)
-        # per-layer decode on CUDA: ids to the host and slot ids back in the device's stream (handshake.py);
-        # the device waits for the host at most 50 ms, or 4x reading a layer's experts at 1 GB/s
+        # per-layer decode on CUDA: ids to the host and slot ids back in the device's stream, layers whose
+        # experts are all published passing through on the arena's table (handshake.py); the device waits
+        # for the host at most 50 ms, or 4x reading a layer's experts at 1 GB/s
         self.handshake = None
-        if self.arena.slots.in_place:  # staged reads land by a kernel after the claim: a sync
+        copies = self.arena.slots.handshake_copies(self.top_k)
+        if copies is not None:
             wait = max(0.05, 4 * self.top_k * self.m.expert_bytes / 1e9)
             self.handshake = Handshake.create(self.m.moe_layers, self.top_k, self.arena.placeholder, wait,
-                                              extra=self.m.n_experts)  # the planner's prediction: a router's logits
+                                              extra=self.m.n_experts,  # the planner's prediction: a router's logits
+                                              lut=self.arena.map, copies=copies)
         preload(self.arena, arena.preload)  # the policy's warm keys; every expert for a full arena
         self.views = frozen_views(self)  # a full arena: each layer's experts on views of its slots
         self.fast = fast_model(self) if self.views else None  # and mlx-lm's own model computing on them

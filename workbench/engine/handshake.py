@@ -23,12 +23,26 @@ once the token has synced the engine computes it again from that layer with a sy
 using the slots it answered for that layer (``passes.ResumePass``): the same claims, once each, in
 order. A give-up costs time, never a wrong token or a different residency.
 
+*Hit-through* (``lut``: the arena's expert->slot table kept in pinned memory, which the device
+reads as it runs): a layer whose experts are all published posts its ids and computes at once on
+the slots the table gives, with no wait; the host claims it later, in order, as a hit (the claim
+must give the same slots, or the engine stops). Only a layer with a miss waits for its answer. A
+claim changes the table only while the device waits at a layer, and a later layer reads it only
+after that answer, so every layer reads the table per-layer decode would have. No read-ahead
+planner and no cache-aware router run through it (``Run.handshake_now``): nothing else changes the
+table while a token runs.
+
+*Staged slots* land in the device's stream too: the answer's reads were made into pinned bounce
+rows (``slots.hand_over``), and a copy kernel right after the layer's handshake copies them into
+their slots (the copies travel in the mailbox, tagged with the ticket), before the experts run.
+
 Memory: a control block (the host's token number; the token the device gave up on), then one
 mailbox of ``stride`` uint64 words per MoE layer: the device's ticket (how many times the kernel
 ran for this layer), the host's answer (the ticket it answered), the ticket the device gave up on,
 the placeholder slot, the wait in ns, the control block's address, the ticket it skipped (void),
-then the ids, the slot ids and the layer's *extra* values (float32 bits: the read-ahead planner's
-prediction, so read-ahead needs no sync either).
+the ticket it passed through (hit-through), the ticket the copies are for, their number and
+address, then the ids, the slot ids and the layer's *extra* values (float32 bits: the read-ahead
+planner's prediction, so read-ahead needs no sync either).
 """
 
 from __future__ import annotations
@@ -41,10 +55,12 @@ import mlx.core as mx
 import numpy as np
 
 from .. import cuda
+from ..arrays import address
 
 HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
-_READY, _DONE, _GAVE_UP, _PLACEHOLDER, _LIMIT, _CONTROL, _VOID = range(7)
-_HEAD = 8  # words before the ids
+_READY, _DONE, _GAVE_UP, _PLACEHOLDER, _LIMIT, _CONTROL, _VOID, _PASSED, _COPY_TICKET, _COPY_N, _COPY_AT = range(11)
+_HEAD = 12  # words before the ids
+_COPY_BLOCKS, _COPY_THREADS = 128, 256  # the copy kernel's grid
 _TOKEN, _POISON = 0, 1  # the control block's words
 
 _HEADER = """
@@ -56,22 +72,29 @@ __device__ __forceinline__ unsigned long long wb_load(const unsigned long long* 
 __device__ __forceinline__ void wb_store(unsigned long long* p, unsigned long long v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ unsigned int wb_load32(const int* p) {
+    unsigned int v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ unsigned long long wb_now() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+#define WB_HEAD 12
 """
 
 _SOURCE = """
     unsigned long long* box = (unsigned long long*)box_at[0];
     unsigned long long* ctl = (unsigned long long*)box[5];
     __shared__ unsigned long long ticket;
-    __shared__ int answered;
+    __shared__ int answered, hit;
     unsigned int t = threadIdx.x;
     if (t == 0) {
         ticket = wb_load(box) + 1;
         answered = wb_load(ctl + 1) != wb_load(ctl);  // 0: an earlier layer of this token was given up
+        hit = H;
     }
     __syncthreads();
     if (!answered) {
@@ -79,10 +102,25 @@ _SOURCE = """
         if (t < K) out[t] = (unsigned int)box[3];
         return;
     }
-    if (t < K) box[8 + t] = (unsigned long long)ids[t];
-    for (int i = t; i < X; i += blockDim.x) box[8 + 2 * K + i] = (unsigned long long)__float_as_uint(extra[i]);
+    unsigned int slot = 0;
+    if (H) {  // hit-through: the live table's slots; one miss and the layer waits for the host
+        const int* lut = (const int*)lut_at[0];
+        if (t < K) {
+            slot = wb_load32(lut + ids[t]);
+            if (slot == (unsigned int)box[3]) hit = 0;
+        }
+        __syncthreads();
+    }
+    if (t < K) box[WB_HEAD + t] = (unsigned long long)ids[t];
+    if (hit && t < K) box[WB_HEAD + K + t] = slot;  // what it computes on: the host's claim must agree
+    for (int i = t; i < X; i += blockDim.x) box[WB_HEAD + 2 * K + i] = (unsigned long long)__float_as_uint(extra[i]);
     __threadfence_system();
     __syncthreads();
+    if (hit) {
+        if (t == 0) { wb_store(box + 7, ticket); wb_store(box, ticket); }
+        if (t < K) out[t] = slot;
+        return;
+    }
     if (t == 0) {
         wb_store(box, ticket);
         unsigned long long start = wb_now(), limit = box[4];
@@ -97,50 +135,132 @@ _SOURCE = """
         }
     }
     __syncthreads();
-    if (t < K) out[t] = answered ? (unsigned int)wb_load(box + 8 + K + t) : (unsigned int)box[3];
+    if (t < K) out[t] = answered ? (unsigned int)wb_load(box + WB_HEAD + K + t) : (unsigned int)box[3];
+"""
+
+_COPY_SOURCE = """
+    unsigned long long* box = (unsigned long long*)box_at[0];
+    __shared__ unsigned long long n, at;
+    if (threadIdx.x == 0) {
+        unsigned long long ticket = wb_load(box);
+        n = 0;
+        if (wb_load(box + 8) == ticket) { n = wb_load(box + 9); at = wb_load(box + 10); }
+    }
+    __syncthreads();
+    const unsigned long long* table = (const unsigned long long*)at;
+    for (unsigned long long c = blockIdx.x; c < n; c += gridDim.x) {
+        unsigned long long s = wb_load(table + 3 * c), d = wb_load(table + 3 * c + 1), b = wb_load(table + 3 * c + 2);
+        if (((s | d | b) & 15ull) == 0) {
+            const Words16* src = (const Words16*)s;
+            Words16* dst = (Words16*)d;
+            for (unsigned long long i = threadIdx.x; i < b / 16; i += blockDim.x) dst[i] = src[i];
+        } else {
+            const unsigned char* src = (const unsigned char*)s;
+            unsigned char* dst = (unsigned char*)d;
+            for (unsigned long long i = threadIdx.x; i < b; i += blockDim.x) dst[i] = src[i];
+        }
+    }
+    if (blockIdx.x == 0 && threadIdx.x < K) out[threadIdx.x] = slots[threadIdx.x];
 """
 
 
 class HandshakeError(RuntimeError):
-    """The device did not reach a layer's handshake in time."""
+    """The device did not reach a layer's handshake in time, or computed on other slots than its claim."""
+
+
+def _check(layer, used, slots) -> None:
+    if list(slots) != list(used):
+        raise HandshakeError(f"MoE layer {layer} computed on slots {list(used)} through the table, and its claim "
+                             f"gave {list(slots)}: the table changed while the token ran")
+
+
+class Flight:
+    """One token in the handshake: its lane (mailboxes and control block), its token number, and
+    what the host learns as it serves it."""
+
+    def __init__(self, lane, token, through):
+        self.lane, self.token, self.through = lane, token, through
+        self.queue: deque = deque()  # launched layers not answered yet, in order: (layer, ticket)
+        self.tickets: dict = {}  # layer -> the ticket its kernel takes in this token
+        self.answers: dict = {}  # layer -> the slot ids the host answered (or the layer computed on)
+        self.extras: dict = {}  # layer -> how many extra values its kernel sends
+        self.saved: dict = {}  # decoder layer -> its output in this token (LayerProbe; a recovery starts from one)
+        self.copied: dict = {}  # layer -> (its copy kernel's output, the (row, slot) it copies)
+        self.void = False  # the device gave this token up: later layers have no ids
+        self.last = None  # the latest output launched (abort waits for it)
 
 
 class Handshake:
-    """The mailboxes of one engine (one per MoE layer, plus one for the self-test), the kernel, and
-    the state of the token in flight."""
+    """The mailboxes of one engine in two lanes (one mailbox per MoE layer, plus one for the
+    self-test, and a control block each), the kernels, and the pinned table. Tokens alternate
+    lanes, so a token can be built and launched while the one before it is still served (the
+    token running ahead, ``Run.token``)."""
 
-    def __init__(self, layers, top_k, placeholder, timeout_s=0.05, extra=0):
+    lut = None  # the pinned expert->slot table (hit-through), or None
+    copies = 0  # staged copies one answer may land
+    passed = 0  # layers that passed through on the table, over this handshake's life
+    LANES = 2
+
+    def __init__(self, layers, top_k, placeholder, timeout_s=0.05, extra=0, lut=None, copies=0):
+        """``lut``: the arena's residency map (``Arena.map``), whose expert->slot table in
+        pinned memory the kernel reads for hit-through (None, or no pinned table: every layer
+        waits). ``copies``: at most this many staged copies per answer (0: slots are written in
+        place)."""
         self.k, self.n_extra = top_k, extra  # extra: at most this many float32 values travel with a layer's ids
         self.host_timeout = HOST_TIMEOUT_S
         self.stride = -(-(_HEAD + 2 * top_k + extra) // 16) * 16  # words; a mailbox starts on 128 bytes
         names = list(layers) + ["probe"]
-        self.memory = cuda.Pinned(cuda.runtime(), (len(names) + 1) * self.stride * 8)
+        lib = cuda.runtime()
+        per_lane = (len(names) + 1) * self.stride
+        self.memory = cuda.Pinned(lib, self.LANES * per_lane * 8)
         self.words = np.frombuffer(self.memory.buffer, dtype=np.uint64)
         self.words[:] = 0
-        self.box = {name: (i + 1) * self.stride for i, name in enumerate(names)}  # the control block first
-        self.where = {name: mx.array(np.array([self.memory.device + off * 8], dtype=np.uint64))
-                      for name, off in self.box.items()}
-        for off in self.box.values():
+        self.control = [lane * per_lane for lane in range(self.LANES)]  # each lane's control block, then its boxes
+        self.box = {(lane, name): self.control[lane] + (i + 1) * self.stride
+                    for lane in range(self.LANES) for i, name in enumerate(names)}
+        self.index = {key: i for i, key in enumerate(self.box)}
+        self.where = {key: mx.array(np.array([self.memory.device + off * 8], dtype=np.uint64))
+                      for key, off in self.box.items()}
+        for (lane, _), off in self.box.items():
             self.words[off + _PLACEHOLDER] = placeholder
-            self.words[off + _CONTROL] = self.memory.device
+            self.words[off + _CONTROL] = self.memory.device + self.control[lane] * 8
+        self.lut_at = {}
+        if lut is not None and lut.lut_memory is not None:  # the table's rows by MoE layer, and the self-test's
+            self.lut, row = lut.lut, lut.lut.shape[1] * 4
+            self._probe_memory = cuda.Pinned(lib, row)
+            self._probe_lut = np.frombuffer(self._probe_memory.buffer, dtype=np.int32)
+            self._probe_lut[:] = placeholder
+            self.lut_at = {layer: lut.lut_memory.device + layer * row for layer in layers}
+            self.lut_at["probe"] = self._probe_memory.device
+            self.lut_at = {name: mx.array(np.array([at], dtype=np.uint64)) for name, at in self.lut_at.items()}
+            mx.eval(list(self.lut_at.values()))
+        self.copies = copies
+        if copies:  # each mailbox's copy table: (source, destination, bytes) per copy
+            self._copy_memory = cuda.Pinned(lib, len(self.box) * copies * 3 * 8)
+            self.copy_words = np.frombuffer(self._copy_memory.buffer, dtype=np.uint64).reshape(len(self.box), copies, 3)
+            for key, off in self.box.items():
+                self.words[off + _COPY_AT] = self._copy_memory.device + self.index[key] * copies * 3 * 8
+            self.copy_kernel = mx.fast.cuda_kernel(name="workbench_handshake_copy", input_names=["slots", "box_at"],
+                                                   output_names=["out"], source=_COPY_SOURCE,
+                                                   header=_HEADER + "struct alignas(16) Words16 { unsigned long long a, b; };")
         self.set_timeout(timeout_s)
         mx.eval(list(self.where.values()))
         self.threads = max(32, -(-top_k // 32) * 32)
         self.no_extra = mx.zeros((1,), dtype=mx.float32)
-        self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at", "extra"],
+        self.no_lut = mx.zeros((1,), dtype=mx.uint64)
+        self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at", "extra", "lut_at"],
                                           output_names=["out"], source=_SOURCE, header=_HEADER)
         self.per_layer = False  # True: launch each layer as it is built; False: the whole token at once (faster:
         # bench/RESULTS.md, bench_engine, "Whole-token handshake")
         self.token = 0
-        self.begin()
 
     @classmethod
-    def create(cls, layers, top_k, placeholder, timeout_s=0.05, extra=0) -> "Handshake | None":
+    def create(cls, layers, top_k, placeholder, timeout_s=0.05, extra=0, lut=None, copies=0) -> "Handshake | None":
         """A working handshake on this backend, or None (not CUDA, or the self-test failed)."""
         if not cuda.in_use():
             return None
         try:
-            hs = cls(layers, top_k, placeholder, timeout_s, extra)
+            hs = cls(layers, top_k, placeholder, timeout_s, extra, lut, copies)
             if hs._self_test():
                 return hs
             why = "its round trip came back wrong"
@@ -156,91 +276,133 @@ class Handshake:
             self.words[off + _LIMIT] = int(seconds * 1e9)
 
     # ---- one token ---------------------------------------------------------------------
-    def begin(self) -> None:
-        """A new token (nothing of the last one is in flight)."""
+    def begin(self, through=True) -> Flight:
+        """A new token, in the lane after the last one's (nothing of the token before that is in
+        flight); ``through``: hit-through (where the handshake has the table), which a read-ahead
+        planner must not use: its reads, started in a hit layer's claim, take slots that a later
+        layer may be reading through the table already."""
         self.token += 1
-        self.words[_TOKEN] = self.token
-        self.queue: deque = deque()  # launched layers not answered yet, in order: (layer, ticket)
-        self.tickets: dict = {}  # layer -> the ticket its kernel takes in this token
-        self.answers: dict = {}  # layer -> the slot ids the host answered
-        self.extras: dict = {}  # layer -> how many extra values its kernel sends
-        self.saved: dict = {}  # decoder layer -> its output in this token (LayerProbe; a recovery starts from one)
-        self.void = False  # the device gave this token up: later layers have no ids
-        self.last = None  # the latest output launched (abort waits for it)
+        f = Flight(self.token % self.LANES, self.token, through and self.lut is not None)
+        self.words[self.control[f.lane] + _TOKEN] = f.token
+        return f
 
-    def slots(self, layer, indices, extra=None) -> mx.array:
-        """``indices``' slot ids as the device will have them once the host answered ``layer``; the
-        host's claim also receives ``extra`` (at most ``n_extra`` values, as float32)."""
-        ticket = int(self.words[self.box[layer] + _READY]) + 1  # no kernel of this layer is in flight now
-        self.tickets[layer] = ticket
+    def slots(self, f: Flight, layer, indices, extra=None) -> mx.array:
+        """``indices``' slot ids as the device will have them once the host answered ``layer`` of
+        token ``f``; the host's claim also receives ``extra`` (at most ``n_extra`` values, as float32)."""
+        key = f.lane, layer
+        ticket = int(self.words[self.box[key] + _READY]) + 1  # no kernel of this mailbox is in flight now
+        f.tickets[layer] = ticket
         extra = self.no_extra if extra is None else extra.reshape(-1).astype(mx.float32)
-        n = self.extras[layer] = 0 if extra is self.no_extra else extra.size
+        n = f.extras[layer] = 0 if extra is self.no_extra else extra.size
         if n > self.n_extra:
             raise ValueError(f"the handshake carries at most {self.n_extra} extra values, not {n}")
-        out = self.kernel(inputs=[indices.astype(mx.uint32), self.where[layer], extra],
-                          template=[("K", self.k), ("X", n)],
+        lut = self.lut_at[layer] if f.through else self.no_lut
+        out = self.kernel(inputs=[indices.astype(mx.uint32), self.where[key], extra, lut],
+                          template=[("K", self.k), ("X", n), ("H", int(f.through))],
                           grid=(self.threads, 1, 1), threadgroup=(self.threads, 1, 1),
                           output_shapes=[indices.shape], output_dtypes=[mx.uint32])[0]
-        self.queue.append((layer, ticket))
+        if self.copies:  # staged slots: the answer's reads land right after it, before the experts
+            out = self.copy_kernel(inputs=[out, self.where[key]], template=[("K", self.k)],
+                                   grid=(_COPY_BLOCKS * _COPY_THREADS, 1, 1), threadgroup=(_COPY_THREADS, 1, 1),
+                                   output_shapes=[indices.shape], output_dtypes=[mx.uint32])[0]
+            f.copied[layer] = (out, [])
+        f.queue.append((layer, ticket))
         return out
 
-    def launched(self, y) -> None:
-        """``y`` (what computes on the slot ids of the layers queued so far) is launched."""
-        self.last = y
+    def land(self, f: Flight, layer, copies, pairs) -> None:
+        """The answer being made for ``layer`` lands ``copies`` ([n, 3] uint64: source, destination,
+        bytes), the bounce rows ``pairs``, by its copy kernel."""
+        if not len(copies):
+            return
+        if len(copies) > self.copies:
+            raise HandshakeError(f"an answer at MoE layer {layer} lands {len(copies)} copies; the handshake holds "
+                                 f"{self.copies}")
+        key = f.lane, layer
+        off = self.box[key]
+        self.copy_words[self.index[key], :len(copies)] = copies
+        self.words[off + _COPY_N] = len(copies)
+        self.words[off + _COPY_TICKET] = f.tickets[layer]  # last: the kernel reads the copies once it sees it
+        f.copied[layer] = (f.copied[layer][0], pairs)
 
-    def serve(self, claim, wait: bool) -> float:
-        """Answer the queued layers whose ids have arrived, in order (all of them with ``wait``):
-        ``claim(layer, ids, extra) -> slot ids`` (extra: the layer's float32 values, or None).
-        Returns the seconds spent waiting for the device."""
-        waited = 0.0
-        while self.queue:
-            layer, ticket = self.queue[0]
-            off = self.box[layer]
-            if self.void:
-                self.queue.popleft()  # skipped by the device: nothing to claim, nothing waits
+    def serve(self, f: Flight, claim, wait: bool, settle=None) -> float:
+        """Answer token ``f``'s queued layers whose ids have arrived, in order (all of them with
+        ``wait``): ``claim(layer, ids, extra) -> slot ids`` (extra: the layer's float32 values, or
+        None). Layers that passed through are claimed as hits: by ``settle(layers, ids, used)`` for a
+        run of them in one go where given (``used``: the slots each computed on), else by ``claim``,
+        whose slots must be the ones used. Returns the seconds spent waiting for the device."""
+        waited, passed = 0.0, []
+        while f.queue:
+            layer, ticket = f.queue[0]
+            off = self.box[f.lane, layer]
+            if f.void:
+                f.queue.popleft()  # skipped by the device: nothing to claim, nothing waits
                 continue
             if self.words[off + _READY] != ticket:
                 if not wait:
-                    return waited
+                    break
+                self._settle(passed, settle)
                 waited += self._wait(off, ticket, layer)
             if self.words[off + _VOID] == ticket:
-                self.void = True
+                f.void = True
                 continue
             ids = self.words[off + _HEAD:off + _HEAD + self.k].tolist()
-            n, at = self.extras[layer], off + _HEAD + 2 * self.k
-            extra = self.words[at:at + n].astype(np.uint32).view(np.float32) if n else None
-            self.answers[layer] = slots = claim(layer, ids, extra)
+            if self.words[off + _PASSED] == ticket:  # hit-through: computed already, on these slots
+                self.passed += 1
+                f.answers[layer] = used = self.words[off + _HEAD + self.k:off + _HEAD + 2 * self.k].tolist()
+                f.queue.popleft()
+                if settle is not None:
+                    passed.append((layer, ids, used))
+                else:
+                    _check(layer, used, claim(layer, ids, self._extra(f, layer, off)))
+                continue
+            self._settle(passed, settle)
+            f.answers[layer] = slots = claim(layer, ids, self._extra(f, layer, off))
             self.words[off + _HEAD + self.k:off + _HEAD + 2 * self.k] = slots
             self.words[off + _DONE] = ticket
-            self.queue.popleft()
+            f.queue.popleft()
+        self._settle(passed, settle)
         return waited
 
-    def gave_up(self):
-        """The layer of this token the device gave up on, or None (read after the token's sync)."""
-        for layer, ticket in self.tickets.items():
-            off = self.box[layer]
+    def gave_up(self, f: Flight):
+        """The layer of token ``f`` the device gave up on, or None (read after the token's sync)."""
+        for layer, ticket in f.tickets.items():
+            off = self.box[f.lane, layer]
             if self.words[off + _GAVE_UP] == ticket and self.words[off + _VOID] != ticket:
                 return layer
         return None
 
-    def abort(self) -> None:
-        """End the token after an error: answer the mailbox the device waits at (if any) with the
-        placeholder, then wait for the device, so nothing launched still reads a slot afterwards. A
-        launched kernel that has not reached its mailbox yet gives the token up when it does (the
-        rest are void); one never launched never runs. The host answers only tickets the device has
-        shown (the answer never runs ahead of the device's ticket), so no later token can find an
-        answer waiting for it."""
-        while self.queue:
-            layer, ticket = self.queue.popleft()
-            off = self.box[layer]
+    def abort(self, f: Flight) -> None:
+        """End token ``f`` after an error, or drop it unserved (a token running ahead of one given
+        up): its kernels not started yet skip their mailboxes (void); the mailbox the device waits at
+        (if any) is answered with the placeholder; then wait for the device, so nothing launched
+        still reads a slot afterwards. A kernel that had already started and waits after this gives
+        the token up when its wait runs out. The host answers only tickets the device has shown (the
+        answer never runs ahead of the device's ticket), so no later token can find an answer
+        waiting for it."""
+        ctl = self.control[f.lane]
+        self.words[ctl + _POISON] = self.words[ctl + _TOKEN]
+        while f.queue:
+            layer, ticket = f.queue.popleft()
+            off = self.box[f.lane, layer]
             if self.words[off + _READY] == ticket:
                 self.words[off + _HEAD + self.k:off + _HEAD + 2 * self.k] = self.words[off + _PLACEHOLDER]
                 self.words[off + _DONE] = ticket
-        if self.last is not None:
-            mx.eval(self.last)
-            self.last = None
+        if f.last is not None:
+            mx.eval(f.last)
+            f.last = None
 
     # ---- internals ---------------------------------------------------------------------
+    def _extra(self, f, layer, off):
+        n, at = f.extras[layer], off + _HEAD + 2 * self.k
+        return self.words[at:at + n].astype(np.uint32).view(np.float32) if n else None
+
+    @staticmethod
+    def _settle(passed, settle) -> None:
+        if passed:
+            layers, ids, used = zip(*passed)
+            passed.clear()
+            settle(list(layers), np.array(ids, dtype=np.int64), np.array(used, dtype=np.int64))
+
     def _wait(self, off, ticket, layer) -> float:
         t0 = time.perf_counter()
         spins = 0
@@ -254,42 +416,68 @@ class Handshake:
         return time.perf_counter() - t0
 
     def _self_test(self) -> bool:
-        """One round trip through the probe mailbox, the host answering ids + 1 (and receiving the
-        extra values); then one without extra values that the device gives up on (a zero wait), which
-        must come back as the placeholder and void the token. Both kernels are compiled here, not while
-        the device waits for the host."""
-        placeholder = int(self.words[self.box["probe"] + _PLACEHOLDER])
+        """Through the probe mailbox of each lane: one round trip, the host answering ids + 1 (and
+        receiving the extra values, and landing a staged copy); one without extra values that the
+        device gives up on (a zero wait), which must come back as the placeholder; one that passes
+        through on the table (hit-through). Every kernel is compiled here, not while the device waits
+        for the host."""
+        placeholder = int(self.words[self.box[0, "probe"] + _PLACEHOLDER])
         ids = mx.array(np.arange(self.k, dtype=np.uint32).reshape(1, 1, -1) * 3 + 1)
         want = np.array(ids).reshape(-1) + 1
         extra = mx.arange(self.n_extra, dtype=mx.float32) / 3 - 1 if self.n_extra else None
-        sent = []
-
-        def claim(layer, got, values):
-            sent.append(values)
-            return [e + 1 for e in got]
-
-        limit = int(self.words[self.box["probe"] + _LIMIT])
-        self.host_timeout = 20.0
+        source = cuda.Pinned(cuda.runtime(), 1 << 16) if self.copies else None  # a staged copy's bounce row
+        if source is not None:
+            np.frombuffer(source.buffer, dtype=np.uint8)[:] = np.arange(1 << 16) % 251
+        limit = int(self.words[self.box[0, "probe"] + _LIMIT])
+        cases = [(limit, "answered"), (0, "given up")] + ([(limit, "hit-through")] if self.lut is not None else [])
+        passed0, self.host_timeout = self.passed, 20.0
         try:
-            for wait_ns, expect in ((limit, want), (0, np.full(self.k, placeholder))):
-                self.begin()
-                self.words[self.box["probe"] + _LIMIT] = wait_ns
-                out = self.slots("probe", ids, extra if wait_ns else None) * 2
-                mx.async_eval(out)
-                self.launched(out)
-                if wait_ns:
-                    self.serve(claim, wait=True)
-                    if extra is not None and not np.array_equal(sent[0], np.array(extra)):
+            for _ in range(self.LANES):
+                for wait_ns, case in cases:
+                    f = self.begin(through=case == "hit-through")
+                    box = self.box[f.lane, "probe"]
+                    target = mx.zeros((1 << 16,), dtype=mx.uint8)
+                    mx.eval(target)
+                    sent, sent_ids, expect = [], ids, want if wait_ns else np.full(self.k, placeholder)
+                    if case == "hit-through":  # the table's slots are what the claim answers, never the placeholder
+                        row = np.arange(self._probe_lut.size) + 1
+                        self._probe_lut[:] = np.where(row == placeholder, 0, row)
+                        sent_ids = ids % self._probe_lut.size
+                        expect = self._probe_lut[np.array(sent_ids).reshape(-1)].astype(np.int64)
+
+                    def claim(layer, got, values):
+                        sent.append(values)
+                        if source is not None and case == "answered":
+                            self.land(f, layer, np.array([[source.device, address(memoryview(target)), 1 << 16]],
+                                                         dtype=np.uint64), [])
+                        return [int(self._probe_lut[e]) for e in got] if f.through else [e + 1 for e in got]
+
+                    self.words[box + _LIMIT] = wait_ns
+                    out = self.slots(f, "probe", sent_ids, extra if wait_ns else None) * 2
+                    mx.async_eval(out)
+                    f.last = out
+                    if wait_ns:
+                        self.serve(f, claim, wait=True)
+                        if extra is not None and not np.array_equal(sent[0], np.array(extra)):
+                            return False
+                    if not np.array_equal(np.array(out).reshape(-1), expect * 2):
                         return False
-                if not np.array_equal(np.array(out).reshape(-1), expect * 2):
-                    return False
-                if (self.gave_up() == "probe") != (wait_ns == 0):
-                    return False
+                    if (self.gave_up(f) == "probe") != (case == "given up"):
+                        return False
+                    if (self.words[box + _PASSED] == f.tickets["probe"]) != (case == "hit-through"):
+                        return False
+                    if source is not None and case == "answered" and \
+                            not np.array_equal(np.array(target), np.frombuffer(source.buffer, dtype=np.uint8)):
+                        return False
+                    self.words[box + _LIMIT] = limit
         except HandshakeError:
-            self.abort()
+            self.abort(f)
             return False
         finally:
             self.host_timeout = HOST_TIMEOUT_S
-            self.words[self.box["probe"] + _LIMIT] = limit
-        self.begin()
+            for lane in range(self.LANES):
+                self.words[self.box[lane, "probe"] + _LIMIT] = limit
+            if self.lut is not None:
+                self._probe_lut[:] = placeholder
+            self.passed = passed0
         return True

@@ -23,17 +23,21 @@ class Controller:
     """Per-token choice of decode mode.
 
     Cost in units of one layer's compute: per-layer decode pays a host sync per MoE layer
-    (``sync`` layers each); an optimistic token pays one sync and, per recompute, a sync plus on
-    average half the layers again. ``recomputes`` is a moving average of recomputes per token
-    (observed in optimistic mode; in per-layer mode, the number of layers that missed, an upper
-    bound). Per-layer mode probes optimistic decode every ``probe`` tokens; a probe that cost more
-    than per-layer decode doubles that interval (up to ``max_probe``), one that paid resets it.
+    (``sync`` layers each), or with the handshake's hit-through (``through``) one per layer that
+    missed plus one for the token it cannot build ahead; an optimistic token pays one sync and,
+    per recompute, a sync plus on average half the layers again. ``recomputes`` is a moving
+    average of recomputes per token (observed in optimistic mode; in per-layer mode, the number of
+    layers that missed, an upper bound). Per-layer mode probes optimistic decode every ``probe``
+    tokens; a probe that cost more than per-layer decode doubles that interval (up to
+    ``max_probe``), one that paid resets it.
     """
 
-    def __init__(self, mode="auto", n_layers=1, sync=1.0, probe=16, decay=0.75, expect_misses=False, max_probe=256):
+    def __init__(self, mode="auto", n_layers=1, sync=1.0, probe=16, decay=0.75, expect_misses=False, max_probe=256,
+                 through=False):
         if mode not in ("auto", "optimistic", "layer"):
             raise ValueError(f"unknown decode mode {mode!r}; valid: auto, optimistic, layer")
         self.mode, self.n, self.sync, self.probe, self.decay = mode, n_layers, sync, probe, decay
+        self.through = through
         self.recomputes = float(n_layers) if expect_misses else 0.0  # a partial arena starts per-layer
         self.interval, self.max_probe = probe, max_probe
         self.probed = False  # whether the last True from ``optimistic`` was a probe
@@ -42,11 +46,16 @@ class Controller:
     def _cost(self, recomputes) -> float:
         return self.n + self.sync + recomputes * (self.sync + self.n / 2)
 
+    def _layer_cost(self) -> float:
+        if self.through:
+            return self.n + self.sync * (1 + self.recomputes)
+        return self.n * (1 + self.sync)
+
     def optimistic(self) -> bool:
         self.probed = False
         if self.mode != "auto":
             return self.mode == "optimistic"
-        if self._cost(self.recomputes) <= self.n * (1 + self.sync):
+        if self._cost(self.recomputes) <= self._layer_cost():
             return True
         self._since_probe += 1
         if self._since_probe >= self.interval:
@@ -56,7 +65,7 @@ class Controller:
 
     def observe(self, recomputes: int, probe: bool = False) -> None:
         if probe:
-            lost = self._cost(recomputes) > self.n * (1 + self.sync)
+            lost = self._cost(recomputes) > self._layer_cost()
             self.interval = min(2 * self.interval, self.max_probe) if lost else self.probe
         self.recomputes = self.decay * self.recomputes + (1 - self.decay) * recomputes
 

@@ -69,6 +69,9 @@ class Pass:
     def experts(self, layer, inner, x, indices):
         raise NotImplementedError
 
+    def drop(self) -> None:
+        """A launched pass that will not be finished: nothing it launched reads a slot afterwards."""
+
 
 class SyncPass(Pass):
     """Per-layer decode: sync on the ids, claim, compute (in waves where the batch needs them)."""
@@ -125,55 +128,87 @@ class SyncPass(Pass):
 
 class HandshakePass(SyncPass):
     """Per-layer decode through the handshake: the device sends each layer's ids (and the planner's
-    prediction) and waits in its stream for the slot ids; the host answers as ``SyncPass`` claims."""
+    prediction) and waits in its stream for the slot ids, or passes through on the arena's table
+    where every expert is published; the host answers as ``SyncPass`` claims. ``start`` builds and
+    launches the token; ``finish`` serves it and reads it. ``serving``: the token before, still on
+    the device, served while this one is built (this one runs ahead)."""
 
-    def __init__(self, run, step, hs):
+    def __init__(self, run, step, hs, serving=None):
         super().__init__(run, step)
-        self.hs, self.plans = hs, {}  # plans: MoE layer -> the planner's (target layer, prediction)
+        self.hs, self.plans, self.serving = hs, {}, serving  # plans: MoE layer -> the planner's (target, prediction)
 
     def experts(self, layer, inner, x, indices):
         target, z = self.run.predict(layer, self)
         if target is not None:
             self.plans[layer] = target, z
-        y = inner(x, self.hs.slots(layer, indices, z if isinstance(z, mx.array) else None))
+        y = inner(x, self.hs.slots(self.flight, layer, indices, z if isinstance(z, mx.array) else None))
         if self.hs.per_layer:
             mx.async_eval(y)
-            self.hs.launched(y)
+            self.flight.last = y
             self.serve(wait=False)  # earlier layers whose ids have arrived
+        if self.serving is not None:
+            self.serving.serve(wait=False)  # the token before: what it has sent while this one is built
         return y
 
     def start(self, y):
+        """Build the token's graph and launch it."""
         run, hs = self.run, self.hs
         self.input = y
         self.key = mx.random.state[0] if run.sampler is not None else None  # a redraw's key
-        hs.begin()
-        self.saved = hs.saved
-        run.counters.row(run.step, run.engine.m.moe_layers[0])["handshake"] += 1
+        self.flight = hs.begin(through=run.planner is None)
+        self.saved = self.flight.saved
         try:
             self.out = run.forward(self, y)
-            self.next, token = run.token_out(self.out)
-            mx.async_eval(token)
-            hs.launched(token)
-            self.serve(wait=True)
-            self.host = np.array(token)
+            self.next, self.token = run.token_out(self.out)
+            mx.async_eval(self.token)
+            self.flight.last = self.token
         except BaseException:
-            hs.abort()  # the device finishes on the placeholder: nothing reads a slot after this
+            hs.abort(self.flight)  # the device finishes on the placeholder: nothing reads a slot after this
             raise
+        finally:
+            self.serving = None
         return self
 
     def finish(self):
-        gave_up = self.hs.gave_up()
+        """Serve the token to its end and read it (one transfer); a token the device gave up is
+        computed again from that layer, after the token running ahead of it is dropped."""
+        run, hs = self.run, self.hs
+        run.last = self
+        run.counters.row(self.step, run.engine.m.moe_layers[0])["handshake"] += 1
+        try:
+            self.serve(wait=True)
+            self.host = np.array(self.token)
+        except BaseException:
+            hs.abort(self.flight)
+            raise
+        gave_up = hs.gave_up(self.flight)
         if gave_up is not None:
-            self.out = ResumePass(self.run, self.step, self, gave_up).compute()
+            run.drop_ahead()  # it ran on this token's output from the placeholder
+            self.out = ResumePass(run, self.step, self, gave_up).compute()
             if self.key is not None:
                 reseed(self.key)
-            self.next, token = self.run.token_out(self.out)
+            self.next, token = run.token_out(self.out)
             self.host = np.array(token)
         return super().finish()
 
+    def drop(self) -> None:
+        self.hs.abort(self.flight)
+
     def serve(self, wait):
-        waited = self.hs.serve(self.answer, wait)
-        self.run.counters.row(self.run.step, self.run.engine.m.moe_layers[0])["compute_ns"] += int(waited * 1e9)
+        run = self.run
+        run.last = self  # the pass whose values the claims' hook points read (one may be building ahead)
+        settle = self.settle if run.claims.can_settle(run.planner) else None
+        waited = self.hs.serve(self.flight, self.answer, wait, settle)
+        run.counters.row(self.step, run.engine.m.moe_layers[0])["compute_ns"] += int(waited * 1e9)
+
+    def settle(self, layers, ids, used) -> None:
+        """Layers that passed through on the table (all hits), claimed in one go: they computed on
+        the slots the table gives now (nothing changed it since: only a miss's answer does)."""
+        table = self.run.arena.lut[np.asarray(layers)[:, None], ids]
+        if not np.array_equal(table, used):
+            raise EngineError(f"MoE layers {layers} computed on slots {used.tolist()} through the table, which now "
+                              f"gives {table.tolist()}: the table changed while the token ran")
+        self.run.claims.settle(layers, ids)
 
     def answer(self, layer, ids, z) -> list:
         """The claim of one token's ``ids`` at ``layer``, with the planner's read-ahead (``z``: its
@@ -185,7 +220,11 @@ class HandshakePass(SyncPass):
         if run.planner is not None:
             target, host_z = self.plans.pop(layer, (None, None))
             read_ahead = run.read_ahead(layer, target, host_z if z is None else z.reshape(1, -1))
-        table = run.claims.route(layer, np.array(ids).reshape(1, 1, -1), read_ahead)
+        slots = run.arena.slots
+        table, pairs = slots.hand_over(lambda: run.claims.route(layer, np.array(ids).reshape(1, 1, -1), read_ahead))
+        if pairs:  # staged reads: the layer's copy kernel lands them before its experts run
+            self.hs.land(self.flight, layer, slots.copies(pairs), pairs)
+            slots.retire(self.flight.copied[layer][0], pairs)
         return [int(table[e]) for e in ids]
 
 
@@ -196,13 +235,18 @@ class ResumePass(SyncPass):
 
     def __init__(self, run, step, given_up: HandshakePass, layer):
         super().__init__(run, step)
-        self.answers, self.saved, self.first = given_up.hs.answers, given_up.hs.saved, layer
+        f = given_up.flight
+        self.answers, self.saved, self.copied, self.first = f.answers, f.saved, f.copied, layer
         self.input = given_up.input
         self.logits, self.moe_in = given_up.logits, given_up.moe_in  # the token's values, layer by layer
 
     def experts(self, layer, inner, x, indices):
-        if layer == self.first:  # claimed once already
-            return inner(x, mx.array(np.array(self.answers[layer], dtype=np.uint32).reshape(indices.shape)))
+        if layer == self.first:  # claimed once already; its staged reads, if any, land now
+            slots = self.run.arena.slots
+            out, pairs = self.copied.get(layer, (None, []))
+            if pairs:
+                slots.reland(out, pairs)
+            return inner(x, slots.landed(np.array(self.answers[layer], dtype=np.uint32).reshape(indices.shape)))
         return super().experts(layer, inner, x, indices)
 
     def compute(self):
@@ -264,6 +308,9 @@ class OptimisticPass(Pass):
                   for layer in self.computed]
         key = [] if self.key is None else [self.key.reshape(-1).astype(mx.uint32)]
         self.host = mx.concatenate(ids + values + key + [logit_sum(self.out), self.y.astype(mx.uint32)])
+
+    def drop(self) -> None:
+        mx.eval(self.y)
 
     def finish(self):
         """Verify (one sync), settle the layers that hit, recompute from a miss; (logits, y, token).
@@ -332,11 +379,7 @@ class OptimisticPass(Pass):
         """``computed[stop]`` missed: claim it (reading its misses), read the perturbed pass's picks
         for later layers, and compute the token again from it."""
         run = self.run
-        if run.ahead is not None:  # the next token ran on this token's unverified output: drop it
-            mx.eval(run.ahead.y)
-            for c in run.cache:
-                c.trim(1)
-            run.ahead = None
+        run.drop_ahead()  # the next token ran on this token's unverified output
         layer = self.computed[stop]
         run.claims.claim(layer, run.claims.begin(layer, ids[stop].reshape(1, 1, -1))[0])
         run.claims.hold()  # the recompute from this layer reads its slots through the device table

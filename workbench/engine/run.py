@@ -52,14 +52,18 @@ class Run:
         if recorder is not None:
             recorder.attach(engine)
         self.counters = self.arena.counters = Counters()
+        hs = engine.handshake
         self.controller = Controller(engine.decode, len(engine.m.moe_layers), engine.sync_cost,
-                                     expect_misses=engine.n_slots < engine.m.n_routed)
+                                     expect_misses=engine.n_slots < engine.m.n_routed,
+                                     through=hs is not None and hs.lut is not None and self.planner is None)
         self.claims = Claims(self.arena, engine.top_k, on_begin=self.selected)
         self.kv = engine.kv
         self.cache = make_prompt_cache(engine.model, max_kv_size=self.kv.max_size)
         self.step, self.pos0 = 0, 0
         self.last = Pass(self, 0)  # the pass whose layer values the hook points read
-        self.ahead = None  # optimistic decode: the next token's pass, launched before this one settles
+        self.ahead = None  # the next token's pass, launched before this one settles
+        self.decided = (None, False)  # (decode step, whether it is an optimistic token)
+        self.passed0 = hs.passed if hs is not None else 0  # layers the handshake passed through before this run
 
     # ---- the decode loop ---------------------------------------------------------------
     def generate(self, bar, eos, on_token=None) -> tuple:
@@ -89,19 +93,43 @@ class Run:
 
     def token(self, step, y) -> tuple:
         """One decode step: (logits, the next input, the token)."""
-        if self.ahead is not None:  # this token's optimistic pass was launched during the last one
-            p, self.ahead = self.ahead, None
-        elif self.optimistic_now():
+        p, self.ahead = self.ahead, None  # this token's pass, if it was launched during the last one
+        if p is None and self.optimistic_now(step):
             p = OptimisticPass(self, step).start(y)
-        else:
-            p = None
-        if p is not None and step < self.max_step and self.optimistic_now():
-            self.ahead = OptimisticPass(self, step + 1).start(p.y)  # its graph is built before this one's sync
         self.begin_step(step, "decode")
         if p is None:
             hs = self.engine.handshake if self.handshake_now() else None
             p = (SyncPass(self, step) if hs is None else HandshakePass(self, step, hs)).start(y)
+        if step < self.max_step:
+            try:
+                self.ahead = self.launch_ahead(step + 1, p)  # its graph is built before this one's sync
+            except BaseException:
+                p.drop()
+                raise
         return p.finish()
+
+    def launch_ahead(self, step, p):
+        """The next token's pass, built and launched while ``p`` is still on the device: optimistic
+        after optimistic; through the handshake after the handshake (``p`` served meanwhile), where
+        nothing on the host needs a layer's values before the token ends (no hooks, no planner) and
+        the caches roll back (a given-up ``p`` drops it). None: the next token is made in its step."""
+        if isinstance(p, OptimisticPass):
+            return OptimisticPass(self, step).start(p.y) if self.optimistic_now(step) else None
+        eng = self.engine
+        if (isinstance(p, HandshakePass) and p.hs.LANES > 1 and self.planner is None
+                and not (eng.hooks.active and eng.forward_hooked())
+                and self.kv.rewinds and can_rewind(self.cache) and not self.optimistic_now(step)):
+            return HandshakePass(self, step, p.hs, serving=p).start(p.next)
+        return None
+
+    def drop_ahead(self) -> None:
+        """The token running ahead computed on an output that changed: let it finish, and roll its
+        KV entries back."""
+        if self.ahead is not None:
+            self.ahead.drop()
+            for c in self.cache:
+                c.trim(1)
+            self.ahead = None
 
     def prefill(self, x, protect=True) -> None:
         """Prompt tokens ``x`` (a 1-D array) in passes of ``--prefill-step-size`` tokens (2048 by
@@ -123,7 +151,7 @@ class Run:
         """The end of the call: nothing reads a slot any more, open speculation is settled."""
         try:
             if self.ahead is not None:
-                mx.eval(self.ahead.y)  # nothing may still read a slot when the arena is cleaned up
+                self.ahead.drop()  # nothing may still read a slot when the arena is cleaned up
                 self.ahead = None
             self.arena.finish_speculation()
             self.arena.release()
@@ -189,10 +217,14 @@ class Run:
             return None
         return lambda: self.planner.after_layer(self, layer, target, z)
 
-    def optimistic_now(self) -> bool:
-        """Optimistic decode needs the exact router (no cache-aware routing) and caches that can
-        roll back one position; the controller decides from the recent miss pattern."""
-        return self.router is None and self.kv.rewinds and can_rewind(self.cache) and self.controller.optimistic()
+    def optimistic_now(self, step) -> bool:
+        """Whether decode step ``step`` is an optimistic token, decided once per step: optimistic
+        decode needs the exact router (no cache-aware routing) and caches that can roll back one
+        position; the controller decides from the recent miss pattern."""
+        if self.decided[0] != step:
+            self.decided = step, (self.router is None and self.kv.rewinds and can_rewind(self.cache)
+                                  and self.controller.optimistic())
+        return self.decided[1]
 
     def handshake_now(self) -> bool:
         """The handshake serves a per-layer token when nothing needs the layers' values on the host
@@ -243,6 +275,7 @@ class Run:
                      routed_experts=eng.m.n_routed, expert_bytes=eng.m.expert_bytes,
                      slot_writes=self.arena.writes, device=str(mx.default_device()))
         stats["bytes_per_token"] = stats["bytes_read"] / max(1, len(tokens))
+        stats["handshake_layers_passed"] = eng.handshake.passed - self.passed0 if eng.handshake is not None else 0
         if not eng.reader.through_page_cache:  # reads bypass the page cache: its hits do not apply
             stats["page_cache_hits"] = stats["prefill"]["page_cache_hits"] = None
         return stats
