@@ -88,7 +88,7 @@ def main():
 def load_time(n_cells, per_part=500):
     """Seconds to load (and verify) a dataset of ``n_cells`` rows written in parts of ``per_part``."""
     from workbench.sim.sweep import load_sweep
-    from workbench.sim.sweep_data import config_hash, write_part
+    from workbench.sim.sweep_data import config_hash, encode_part, write_part
 
     out = Path(tempfile.mkdtemp(prefix="bench-load-"))
     try:
@@ -100,7 +100,7 @@ def load_time(n_cells, per_part=500):
                 cid, text = config_hash(config)
                 rows.append(dict(config, cell_id=cid, config_json=text, status="ok", hits=i, misses=i, lookups=2 * i,
                                  hit_rate=0.5, slots=i, cell_s=0.01, worker="w", error=None))
-            write_part(out, rows)
+            write_part(out, encode_part(rows))
         t0 = time.perf_counter()
         df = load_sweep(out)
         assert len(df) == n_cells

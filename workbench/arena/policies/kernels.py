@@ -2,8 +2,9 @@
 
 One implementation of each rule: ``_recency``, ``_lfu`` and ``_belady`` are plain Python over the
 state they are given; numba compiles them (on numpy arrays) when it is installed and the replay is
-long enough to pay for importing numba and loading the cached compiled code (``JIT_MIN``), or once
-that kernel is loaded in this process; else the same function runs interpreted on Python lists.
+long enough to pay for importing numba and loading the cached compiled code (``JIT_MIN`` lookups,
+counted over every replay of the process: a sweep worker's cells add up); else the same function runs
+interpreted on Python lists.
 Each is checked against step-by-step driving of the policy classes (or, for Belady, a brute-force
 MIN) by the conformance tests (tests/test_policies.py).
 """
@@ -222,13 +223,16 @@ def _belady(ids, next_at, capacity, bypass, heap, pos, nu, hits):
 
 
 _COMPILED: dict = {}
+_replayed = 0  # lookups this process has replayed: once they reach JIT_MIN, loading numba has paid
 
 
 def _call(fn, n_req: int, compiled, *args):
     """Run ``fn`` compiled (numba, on the numpy ``args``) or interpreted (on lists of them); returns
     (its return value, the arguments it filled, as numpy arrays)."""
+    global _replayed
+    _replayed += n_req
     if compiled is None:
-        compiled = n_req >= JIT_MIN or fn.__name__ in _COMPILED
+        compiled = _replayed >= JIT_MIN
     if compiled and have_numba():
         kernel = _COMPILED.get(fn.__name__)
         if kernel is None:
@@ -255,7 +259,7 @@ def _dense(keys, start=()):
 
 def recency_replay(keys, start, capacity: int, move_on_hit: bool, compiled: bool | None = None):
     """(hits, final order as keys) of replaying int ``keys`` from resident ``start`` keys (coldest first).
-    ``compiled``: force the numba (True) or interpreted (False) loop; None picks by length."""
+    ``compiled``: force the numba (True) or interpreted (False) loop; None picks by ``JIT_MIN``."""
     start = list(start)
     dense, n_ids, uniq = _dense(keys, start)
     n, m = len(dense) - len(start), len(start)
