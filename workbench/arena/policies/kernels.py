@@ -69,25 +69,24 @@ def _recency(ids, start, capacity, move_on_hit, nxt, prv, inside, hits, order):
     return count
 
 
-def _lfu(ids, start, start_freq, capacity, inext, iprev, grp, fval, gnext, gprev, ghead, gtail, hits, order, freqs):
+def _lfu(ids, start, start_freq, capacity, inext, iprev, grp, fval, gnext, gprev, ghead, gtail, hits):
     """LFU (policies/lfu.py's rule): a miss evicts, when full, the resident of lowest frequency that
     entered that frequency first, and enters at frequency 1; a hit adds 1 and goes last among its new
     frequency. ``start`` (coldest first, frequencies ``start_freq`` non-decreasing) is resident at the
     start. Groups, one per frequency present, form a list in rising frequency (sentinel G, the last
-    index of ``fval``); each holds its ids in entry order. Fills ``hits``, ``order`` and ``freqs`` (the
-    final residents coldest first and their frequencies) and returns how many reside. The caller
-    allocates id state (``inext``, ``iprev``: n_ids; ``grp``: n_ids of -1) and group state (``fval``,
-    ``gnext``, ``gprev``, ``ghead``, ``gtail``: residents at most + 2)."""
+    index of ``fval``); each holds its ids in entry order (``_lfu_residents`` reads them out). Fills
+    ``hits``; the caller allocates id state (``inext``, ``iprev``: n_ids; ``grp``: n_ids of -1) and
+    group state (``fval``, ``gnext``, ``gprev``, ``ghead``, ``gtail``: residents at most + 2)."""
     G = len(fval) - 1
-    gnext[G] = G
-    gprev[G] = G
+    gnext[G] = gprev[G] = G
     free = 0  # unused groups, chained through gnext
     for g in range(G):
         gnext[g] = g + 1
     m = len(start)
     count = 0
     for j in range(m + len(ids)):
-        g = -1  # the group x leaves
+        g = -1  # the group an id leaves
+        out = -1  # that id: x on a hit, the victim on an eviction
         if j < m:  # the start, in order: last in the last group, or in a new last group
             x = start[j]
             f = start_freq[j]
@@ -102,27 +101,12 @@ def _lfu(ids, start, start_freq, capacity, inext, iprev, grp, fval, gnext, gprev
                 g = grp[x]
                 f = fval[g] + 1
                 p = g
-                a = iprev[x]
-                b = inext[x]
-                if a >= 0:
-                    inext[a] = b
-                else:
-                    ghead[g] = b
-                if b >= 0:
-                    iprev[b] = a
-                else:
-                    gtail[g] = a
+                out = x
             else:  # miss: when full the lowest group's first id goes; x enters at frequency 1
                 if count >= capacity:
                     g = gnext[G]
-                    v = ghead[g]
-                    b = inext[v]
-                    ghead[g] = b
-                    if b >= 0:
-                        iprev[b] = -1
-                    else:
-                        gtail[g] = -1
-                    grp[v] = -1
+                    out = ghead[g]
+                    grp[out] = -1
                 else:
                     count += 1
                 f = 1
@@ -130,12 +114,22 @@ def _lfu(ids, start, start_freq, capacity, inext, iprev, grp, fval, gnext, gprev
                 if gnext[G] != G and fval[gnext[G]] < 1:  # a frequency-0 group (unclaimed prefetches) first
                     p = gnext[G]
             h = gnext[p]
+        if out >= 0:  # unlink it from group g
+            a = iprev[out]
+            b = inext[out]
+            if a >= 0:
+                inext[a] = b
+            else:
+                ghead[g] = b
+            if b >= 0:
+                iprev[b] = a
+            else:
+                gtail[g] = a
         if h == G or fval[h] != f:  # no group of frequency f where x goes: a new one after p
             h = free
             free = gnext[h]
             fval[h] = f
-            ghead[h] = -1
-            gtail[h] = -1
+            ghead[h] = gtail[h] = -1
             gnext[h] = gnext[p]
             gprev[h] = p
             gprev[gnext[p]] = h
@@ -149,22 +143,27 @@ def _lfu(ids, start, start_freq, capacity, inext, iprev, grp, fval, gnext, gprev
             ghead[h] = x
         gtail[h] = x
         grp[x] = h
-        if g >= 0 and ghead[g] < 0:  # the group x (or the victim) left is empty: back to the free chain
+        if g >= 0 and ghead[g] < 0:  # the group left is empty: back to the free chain
             gnext[gprev[g]] = gnext[g]
             gprev[gnext[g]] = gprev[g]
             gnext[g] = free
             free = g
-    j = 0
+    return count
+
+
+def _lfu_residents(inext, fval, gnext, ghead):
+    """(residents coldest first, their frequencies) of the groups ``_lfu`` left (lists)."""
+    order, freqs = [], []
+    G = len(fval) - 1
     g = gnext[G]
     while g != G:
         x = ghead[g]
         while x >= 0:
-            order[j] = x
-            freqs[j] = fval[g]
-            j += 1
+            order.append(x)
+            freqs.append(fval[g])
             x = inext[x]
         g = gnext[g]
-    return count
+    return order, freqs
 
 
 def _belady(ids, next_at, capacity, bypass, heap, pos, nu, hits):
@@ -277,13 +276,13 @@ def lfu_replay(keys, start, start_freq, capacity: int, compiled: bool | None = N
     dense, n_ids, uniq = _dense(keys, start)
     n, m = len(dense) - len(start), len(start)
     groups = max(int(capacity), m) + 2
-    count, args = _call(_lfu, n, compiled, dense[m:], dense[:m], np.asarray(start_freq, dtype=np.int64).reshape(m),
-                        int(capacity), np.zeros(n_ids, np.int64), np.zeros(n_ids, np.int64), np.full(n_ids, -1, np.int64),
-                        *(np.zeros(groups, np.int64) for _ in range(5)),
-                        np.zeros(n, np.bool_), np.zeros(n_ids, np.int64), np.zeros(n_ids, np.int64))
-    hits, order, freqs = args[-3:]
-    order = order[:count]
-    return hits, (order if uniq is None else uniq[order]), freqs[:count]
+    _, (*_, inext, _, _, fval, gnext, _, ghead, _, hits) = _call(
+        _lfu, n, compiled, dense[m:], dense[:m], np.asarray(start_freq, dtype=np.int64).reshape(m), int(capacity),
+        np.zeros(n_ids, np.int64), np.zeros(n_ids, np.int64), np.full(n_ids, -1, np.int64),
+        *(np.zeros(groups, np.int64) for _ in range(5)), np.zeros(n, np.bool_))
+    order, freqs = _lfu_residents(inext.tolist(), fval.tolist(), gnext.tolist(), ghead.tolist())
+    order = np.asarray(order, dtype=np.int64)
+    return hits, (order if uniq is None else uniq[order]), np.asarray(freqs, dtype=np.int64)
 
 
 def belady_replay(keys, next_at, capacity: int, bypass: bool = False, compiled: bool | None = None):
