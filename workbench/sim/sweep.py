@@ -376,14 +376,13 @@ def _replay_row(cell, entry, opts) -> dict:
     from .requests import requests_from_trace
 
     trace, phase = entry["trace"], cell["phase"]
-    if phase not in entry["requests"]:
+    if phase not in entry["requests"]:  # flattened once per worker and phase
         req = requests_from_trace(trace, phase=phase)
         decode_steps = np.unique(trace.decode().step.to_numpy())
-        entry["requests"][phase] = (req, np.isin(req.step, decode_steps))
-    req, is_decode = entry["requests"][phase]
+        entry["requests"][phase] = (req, np.isin(req.step, decode_steps), len(decode_steps))
+    req, is_decode, tokens = entry["requests"][phase]
     slots = _slots(cell["arena"], trace.meta)
     r = replay_keys(req.keys, cell["policy"], slots, token_end=req.token_end, n_keys=req.n_keys, n_experts=req.n_experts, **opts)
-    tokens = int(trace.decode().step.nunique())
     decode_misses = int((~r.hit & is_decode).sum())
     d = {k: v for k, v in r.to_dict().items() if k != "policy"}
     return dict(slots=slots, tokens=tokens, decode_misses=decode_misses,
@@ -622,7 +621,8 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                 if msg["what"] == "end":
                     running.pop(msg["cell"], None)
 
-            client.subscribe_topic(TOPIC, on_event)
+            if progress:  # cells ending inside a batch move the bar
+                client.subscribe_topic(TOPIC, on_event)
             run = uuid.uuid4().hex[:8]  # keys unique to this sweep: never a result Dask still holds from another
             pending = {client.submit(run_part, b, key=f"sweep-{run}-batch-{i}-{b[0]['cell_id']}", pure=False): b
                        for i, b in enumerate(parts)}
