@@ -12,9 +12,9 @@ replay (48 layers x 128 experts, top-8; 7 policies x 3 arenas = 42 cells). Every
 first (its start time reported apart); --warmup rounds then let each worker load the traces and the
 compiled replay loops (the first round's time is reported as "first grid s"); the timed reps interleave
 the worker counts, each running the whole grid into a fresh directory. Medians of --reps, every rep's
-time listed, and the CPU that other processes of the machine used meanwhile (cores busy outside this
-benchmark's processes, from /proc/stat via psutil) next to the load average. The 16-core GPU host's
-measurement: ``--kind replay --tokens 256 --reps 7 --workers 1,8``.
+time listed, and what else took the cores meanwhile (other processes' busy cores and the cores the
+hypervisor stole, from /proc/stat via psutil) next to the load average. The 16-core GPU host's
+measurement: ``--kind replay --tokens 256 --reps 7 --warmup 2 --workers 1,8``.
 
 ``--load-cells N`` also times ``load_sweep`` of a dataset of N verified rows (written as a sweep writes
 them, 500 a part).
@@ -49,14 +49,15 @@ from workbench.trace.synthetic import synthetic_trace  # noqa: E402
 
 
 class OtherCPU:
-    """Cores the rest of the machine kept busy while the block ran: all busy CPU time (/proc/stat) minus
-    this process's and its children's (the cluster's workers, running or ended), over the wall time."""
+    """What else took the machine's cores while the block ran, in cores: ``cores``, the rest of the machine
+    (all busy CPU time from /proc/stat minus this process's and its children's: the cluster's workers,
+    running or ended) and ``steal``, the time the hypervisor gave this VM's CPUs to someone else."""
 
     def _now(self):
         import psutil
 
         t = psutil.cpu_times()
-        busy = sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+        busy = sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq"))
         me = psutil.Process()
         done = os.times()
         own = done.children_user + done.children_system  # children that ended (the `workbench ioreplay` runs)
@@ -66,7 +67,7 @@ class OtherCPU:
                 own += c.user + c.system
             except psutil.Error:
                 pass
-        return time.perf_counter(), busy, own
+        return time.perf_counter(), busy, own, getattr(t, "steal", 0.0)
 
     def __enter__(self):
         self.start = self._now()
@@ -74,9 +75,15 @@ class OtherCPU:
         return self
 
     def __exit__(self, *exc):
-        (t0, b0, o0), (t1, b1, o1) = self.start, self._now()
+        (t0, b0, o0, s0), (t1, b1, o1, s1) = self.start, self._now()
         self.load.append(os.getloadavg()[0])
         self.cores = max(0.0, ((b1 - b0) - (o1 - o0)) / max(1e-9, t1 - t0))
+        self.steal = (s1 - s0) / max(1e-9, t1 - t0)
+
+
+def spread(values) -> str:
+    """median (min-max) of a few numbers, two decimals."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def machine_line() -> str:
@@ -148,15 +155,15 @@ def main():
           f"{shape['n_experts']} experts top-8); {a.warmup} warm-up round(s), then medians of {a.reps} reps.")
     print()
     print(f"| workers | cluster start s | first grid s | grid s (median) | cells/s | vs {counts[0]} worker(s) | "
-          "every rep s | other processes' cores | load average |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "every rep s | other processes' cores | cores stolen by the hypervisor | load average |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in counts:
         med = statistics.median(times[n])
-        cores = [c.cores for c in others[n]]
         loads = [x for c in others[n] for x in c.load]
         print(f"| {n} | {starts[n]:.1f} | {first.get(n, float('nan')):.2f} | {med:.2f} | {n_cells / med:.2f} | "
               f"{n_cells / med / base:.2f}x | {' '.join(f'{t:.2f}' for t in times[n])} | "
-              f"{statistics.median(cores):.2f} ({min(cores):.2f}-{max(cores):.2f}) | {min(loads):.1f}-{max(loads):.1f} |")
+              f"{spread([c.cores for c in others[n]])} | {spread([c.steal for c in others[n]])} | "
+              f"{min(loads):.1f}-{max(loads):.1f} |")
     if a.load_cells:
         print(f"load_sweep of {a.load_cells} cells: {load_time(a.load_cells):.2f} s")
 
@@ -245,10 +252,10 @@ def ioreplay_check(a):
           f"{a.io_layers} layers x {m.n_experts} experts; trace: Zipf, {tokens} decode tokens, top-{m.top_k}. "
           f"Cells cold, no compute, {a.io_mode} reads; the sweep on {workers} workers (one cell per disk at a time). "
           f"{a.reps} reps, alone and sweep in alternating order.")
-    cores = [c.cores for c in cpu]
     loads = [x for c in cpu for x in c.load]
-    print(f"Other processes kept {statistics.median(cores):.2f} cores busy (median over reps; "
-          f"{min(cores):.2f}-{max(cores):.2f}); load average {min(loads):.1f}-{max(loads):.1f}.")
+    print(f"Other processes kept {spread([c.cores for c in cpu])} cores busy, the hypervisor took "
+          f"{spread([c.steal for c in cpu])} cores (median over reps, min-max); load average "
+          f"{min(loads):.1f}-{max(loads):.1f}.")
     print()
     print("Token ms: the median token time of each replay, then the median over reps; each side's own spread is "
           "max / min over its reps (how far one run of the same cell strays from another).")

@@ -110,8 +110,8 @@ def knapsack_bound(source, budgets, sizes=None, phase=None) -> pd.DataFrame:
 
 
 def belady(keys, capacity: int, bypass: bool = False) -> np.ndarray:
-    """Hit mask of Belady's MIN with ``capacity`` uniform slots (see module doc for ``bypass``; ties among
-    keys never used again evict the smallest key; the loop is ``arena.policies.kernels._belady``)."""
+    """Hit mask of Belady's MIN with ``capacity`` uniform slots (see module doc for ``bypass``; the loop is
+    ``arena.policies.kernels._belady``)."""
     keys = np.asarray(keys, dtype=np.int64)
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1 slot, got {capacity}")
