@@ -275,7 +275,7 @@ def lfu_replay(keys, start, start_freq, capacity: int, compiled: bool | None = N
     start = list(start)
     dense, n_ids, uniq = _dense(keys, start)
     n, m = len(dense) - len(start), len(start)
-    groups = max(int(capacity), m) + 2
+    groups = min(max(int(capacity), m), n_ids) + 2  # residents at most (never more than the ids), + 2
     _, (*_, inext, _, _, fval, gnext, _, ghead, _, hits) = _call(
         _lfu, n, compiled, dense[m:], dense[:m], np.asarray(start_freq, dtype=np.int64).reshape(m), int(capacity),
         np.zeros(n_ids, np.int64), np.zeros(n_ids, np.int64), np.full(n_ids, -1, np.int64),
