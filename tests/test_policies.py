@@ -409,3 +409,70 @@ def test_recency_kernel_equals_step_by_step_driving(name, compiled):
             slow = [cache.lookup(int(k)) for k in keys]
             hits, order = recency_replay(keys, start, cap, name == "lru", compiled=compiled)
             assert hits.tolist() == slow and order.tolist() == list(policy.order())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_lfu_kernel_equals_step_by_step_driving(compiled):
+    """kernels._lfu, compiled and interpreted, against the LFU class driven by SimCache: hits, final
+    order (lowest frequency first, then entry order) and frequencies, from an empty policy and from one
+    holding prefetched (frequency 0), claimed and hit keys, on trace-like and on sparse keys."""
+    from workbench.arena.policies.kernels import have_numba, lfu_replay
+
+    if compiled and not have_numba():
+        pytest.skip("numba is not installed: the interpreted loop is the only one")
+    rng = np.random.default_rng(11)
+    for cap, keys in ((1, rng.integers(0, 12, 300)), (5, rng.integers(0, 40, 3000)), (7, rng.zipf(1.3, 3000) % 60),
+                      (4, np.concatenate([np.tile([3, 1, 4, 2], 6), np.tile([8, 5, 9, 6, 7], 8)])),
+                      (9, rng.integers(-2**40, 2**40, 50)[rng.integers(0, 50, 2000)])):
+        for warm in (0, 1, 2):
+            policy = make_policy("lfu", cap)
+            cache = SimCache(policy)
+            if warm:  # prefetches (frequency 0), one claimed, one hit twice
+                for k in keys[:cap].tolist():
+                    cache.prefetch(int(k))
+                if warm == 2:  # the first lookup claims the prefetch, the second is a hit
+                    cache.lookup(int(keys[0]))
+                    cache.lookup(int(keys[0]))
+            start = list(policy.order())
+            freq = [policy.frequency(k) for k in start]
+            slow = [cache.lookup(int(k)) for k in keys]
+            hits, order, freqs = lfu_replay(keys, start, freq, cap, compiled=compiled)
+            assert hits.tolist() == slow and order.tolist() == list(policy.order())
+            assert freqs.tolist() == [policy.frequency(k) for k in policy.order()]
+
+
+def _belady_brute_force(keys, cap, bypass):
+    """Belady's MIN spelled out: on a miss when full, scan the residents for the furthest next use
+    (never again counts as furthest; which of several such keys goes cannot change a hit); with bypass,
+    keep them all when the incoming key's next use is no nearer."""
+    keys = [int(k) for k in keys]
+    inf = len(keys)
+    nxt = [next((j for j in range(i + 1, len(keys)) if keys[j] == k), inf) for i, k in enumerate(keys)]
+    cur, hits = {}, []
+    for i, k in enumerate(keys):
+        hits.append(k in cur)
+        if k not in cur and len(cur) >= cap:
+            victim = max(cur, key=cur.get)
+            if bypass and cur[victim] <= nxt[i]:
+                continue
+            del cur[victim]
+        cur[k] = nxt[i]
+    return hits
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_belady_kernel_equals_brute_force(compiled):
+    """kernels._belady (behind analysis.bounds.belady), compiled and interpreted, against a brute-force
+    MIN: with and without bypass, many keys never used again, dense and sparse keys."""
+    from workbench.arena.policies.kernels import belady_replay, have_numba
+    from workbench.sim.requests import next_use
+
+    if compiled and not have_numba():
+        pytest.skip("numba is not installed: the interpreted loop is the only one")
+    rng = np.random.default_rng(5)
+    for cap, keys in ((1, rng.integers(0, 6, 200)), (4, rng.integers(0, 30, 600)), (5, rng.integers(0, 300, 600)),
+                      (8, np.arange(40)), (5, np.arange(40)[::-1]), (3, np.tile([9, 2, 7, 4, 0], 5)),
+                      (6, rng.integers(-2**40, 2**40, 20)[rng.integers(0, 20, 500)])):
+        for bypass in (False, True):
+            hits = belady_replay(keys, next_use(keys), cap, bypass, compiled=compiled)
+            assert hits.tolist() == _belady_brute_force(keys, cap, bypass)

@@ -528,3 +528,17 @@ def test_a_cell_is_its_latest_ok_row_else_its_latest_failure():
                        "finished_at": [1.0, 2.0, 2.0, 1.0, 5.0], "error": [None, "x", "late", "early", None]})
     got = finished(df).set_index("cell_id")
     assert got.status.to_dict() == {"a": "ok", "b": "failed", "c": "ok"} and got.error["b"] == "late"
+
+
+def test_batches_deal_each_traces_cells_in_turn():
+    """Every cell in exactly one batch, one trace per batch, a trace's cells dealt out in turn (so each
+    batch holds the grid's mix of policies), about 8 batches per worker and never more than ``most`` cells."""
+    from workbench.sim.sweep import batches
+
+    cells = [dict(trace_sha256=t, cell_id=f"{t}{i}") for t in "ab" for i in range(21)]
+    parts = batches(cells, n_workers=2)
+    assert sorted(c["cell_id"] for b in parts for c in b) == sorted(c["cell_id"] for c in cells)
+    assert all(len({c["trace_sha256"] for c in b}) == 1 for b in parts)
+    assert len(parts) == 14 and parts[0] == [cells[i] for i in (0, 7, 14)]
+    assert len(batches(cells, n_workers=8)) == 42  # one cell a batch: 8 workers share 42 cells evenly
+    assert max(len(b) for b in batches(cells * 100, n_workers=1, most=50)) <= 50

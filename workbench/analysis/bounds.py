@@ -16,11 +16,10 @@
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 import pandas as pd
 
+from ..arena.policies.kernels import belady_replay
 from ..sim.replay import replay_keys
 from ..sim.requests import Requests, load, next_use, requests_from_trace
 from ..trace.schema import Trace
@@ -111,37 +110,12 @@ def knapsack_bound(source, budgets, sizes=None, phase=None) -> pd.DataFrame:
 
 
 def belady(keys, capacity: int, bypass: bool = False) -> np.ndarray:
-    """Hit mask of Belady's MIN with ``capacity`` uniform slots (see module doc for ``bypass``)."""
+    """Hit mask of Belady's MIN with ``capacity`` uniform slots (see module doc for ``bypass``; the loop is
+    ``arena.policies.kernels._belady``)."""
     keys = np.asarray(keys, dtype=np.int64)
     if capacity < 1:
         raise ValueError(f"capacity must be >= 1 slot, got {capacity}")
-    n = len(keys)
-    nxt = next_use(keys)
-    INF = n + 1
-    nxt = np.where(nxt < 0, INF, nxt).tolist()
-    cur: dict[int, int] = {}  # resident key -> its next use
-    heap: list[tuple[int, int]] = []  # (-next use, key), lazily invalidated
-    out = bytearray(n)
-    for i, k in enumerate(keys.tolist()):
-        nu = nxt[i]
-        if k in cur:
-            out[i] = 1
-        elif len(cur) >= capacity:
-            while True:
-                neg, v = heap[0]
-                if cur.get(v) == -neg:
-                    break
-                heapq.heappop(heap)
-            if bypass and -heap[0][0] <= nu:
-                continue  # the incoming key is used last: do not admit it
-            heapq.heappop(heap)
-            del cur[v]
-        cur[k] = nu
-        heapq.heappush(heap, (-nu, k))
-        if len(heap) > 4 * capacity + 64:
-            heap = [(-u, v) for v, u in cur.items()]
-            heapq.heapify(heap)
-    return np.frombuffer(bytes(out), dtype=np.bool_).copy()
+    return belady_replay(keys, next_use(keys), capacity, bypass)
 
 
 def belady_misses(keys, capacity: int, bypass: bool = False) -> int:

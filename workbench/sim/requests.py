@@ -117,7 +117,9 @@ def next_use(keys) -> np.ndarray:
     nxt = np.full(n, -1, dtype=np.int64)
     if n < 2:
         return nxt
-    order = np.argsort(keys, kind="stable")
+    span = int(keys.max()) - int(keys.min())
+    # a trace's keys span fewer than 2^16 values: numpy's stable sort of uint16 is a radix sort (6x faster)
+    order = np.argsort((keys - keys.min()).astype(np.uint16) if span < 1 << 16 else keys, kind="stable")
     sk = keys[order]
     same = sk[1:] == sk[:-1]
     nxt[order[:-1][same]] = order[1:][same]

@@ -33,7 +33,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..checks import one_of, parse_whole, whole
-from .sweep_data import check_out, config_hash, finished, is_url, read_parts, set_aside, write_part
+from .sweep_data import check_out, config_hash, encode_part, finished, is_url, read_parts, set_aside, write_part
 
 KINDS = ("simulate", "replay", "ioreplay")
 PHASES = ("all", "decode")  # the phases every kind replays; all is each command's default
@@ -44,6 +44,11 @@ AXES = ("traces", "policies", "arenas", "predictors", "distances", "gates")
 AXIS_FLAGS = {"policies": "--policy", "arenas": "--arena", "predictors": "--predictor", "gates": "--gate"}
 MAX_WORKERS = 4096
 CONNECT_TIMEOUT = 10.0
+# The local cluster's Dask settings: no statistical profiler (it samples every worker's stack each 10 ms)
+# and slower monitors. Idle, a 2-worker cluster then takes about 4% of a core instead of 16% (a sweep's
+# cells would share those cores; measured with psutil, dask 2026.8).
+LOCAL_DASK = {"distributed.worker.profile.enabled": False, "distributed.admin.system-monitor.gil.enabled": False,
+              "distributed.admin.tick.interval": "100ms", "distributed.worker.memory.monitor-interval": "1s"}
 
 
 class SweepError(RuntimeError):
@@ -371,14 +376,13 @@ def _replay_row(cell, entry, opts) -> dict:
     from .requests import requests_from_trace
 
     trace, phase = entry["trace"], cell["phase"]
-    if phase not in entry["requests"]:
+    if phase not in entry["requests"]:  # flattened once per worker and phase
         req = requests_from_trace(trace, phase=phase)
         decode_steps = np.unique(trace.decode().step.to_numpy())
-        entry["requests"][phase] = (req, np.isin(req.step, decode_steps))
-    req, is_decode = entry["requests"][phase]
+        entry["requests"][phase] = (req, np.isin(req.step, decode_steps), len(decode_steps))
+    req, is_decode, tokens = entry["requests"][phase]
     slots = _slots(cell["arena"], trace.meta)
     r = replay_keys(req.keys, cell["policy"], slots, token_end=req.token_end, n_keys=req.n_keys, n_experts=req.n_experts, **opts)
-    tokens = int(trace.decode().step.nunique())
     decode_misses = int((~r.hit & is_decode).sum())
     d = {k: v for k, v in r.to_dict().items() if k != "policy"}
     return dict(slots=slots, tokens=tokens, decode_misses=decode_misses,
@@ -399,6 +403,13 @@ def run_batch(cells: list) -> list:
                          "finished_at": time.time()})
         _event("end", cell["cell_id"])
     return rows
+
+
+def run_part(cells: list) -> tuple[bytes, list]:
+    """A batch as its Dask task runs it: (the rows encoded as one Parquet part, (label, error) of each
+    failed cell). The worker encodes, so the client's work per batch is one file write."""
+    rows = run_batch(cells)
+    return encode_part(rows), [(cell_label(r), r["error"]) for r in rows if r["status"] != "ok"]
 
 
 class _disk_lease:
@@ -506,6 +517,7 @@ def open_client(workers: int | None = None, scheduler: str | None = None, timeou
     function for the start-up lines (cluster start, dashboard)."""
     import logging
 
+    import dask
     from dask.distributed import Client, LocalCluster
 
     log = log or (lambda text: None)
@@ -522,9 +534,10 @@ def open_client(workers: int | None = None, scheduler: str | None = None, timeou
         return client, None
     workers = whole("--workers", workers if workers is not None else usable_cpus(), 1, MAX_WORKERS)
     log(f"starting {workers} local Dask worker{'s' * (workers > 1)} ...")
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                           dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
-    client = Client(cluster)
+    with dask.config.set(LOCAL_DASK):  # read as the scheduler, nannies and workers start
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
+        client = Client(cluster)
     log(f"{workers} workers up in {time.perf_counter() - t0:.1f} s; dashboard {client.dashboard_link}")
     return client, cluster
 
@@ -539,13 +552,16 @@ def _wait_for_workers(client, timeout) -> int:
     return len(client.scheduler_info()["workers"])
 
 
-def batches(cells: list, n_workers: int, per_worker: int = 4, most: int = 500) -> list:
-    """Cells in batches, about ``per_worker`` per worker (at most ``most`` cells each), one trace per batch."""
+def batches(cells: list, n_workers: int, per_worker: int = 8, most: int = 500) -> list:
+    """Cells in batches, about ``per_worker`` per worker (at most ``most`` cells each), one trace per batch.
+    A trace's cells are dealt out in turn (batch b takes cells b, b + B, ...), so every batch holds the
+    same mix of policies and arenas and the batches take about as long as each other."""
     size = max(1, min(most, math.ceil(len(cells) / max(1, n_workers * per_worker))))
     out = []
     for _, group in itertools.groupby(sorted(cells, key=lambda c: c["trace_sha256"]), key=lambda c: c["trace_sha256"]):
         group = list(group)
-        out += [group[i:i + size] for i in range(0, len(group), size)]
+        n = math.ceil(len(group) / size)
+        out += [group[b::n] for b in range(n)]
     return out
 
 
@@ -605,9 +621,10 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                 if msg["what"] == "end":
                     running.pop(msg["cell"], None)
 
-            client.subscribe_topic(TOPIC, on_event)
+            if progress:  # cells ending inside a batch move the bar
+                client.subscribe_topic(TOPIC, on_event)
             run = uuid.uuid4().hex[:8]  # keys unique to this sweep: never a result Dask still holds from another
-            pending = {client.submit(run_batch, b, key=f"sweep-{run}-batch-{i}-{b[0]['cell_id']}", pure=False): b
+            pending = {client.submit(run_part, b, key=f"sweep-{run}-batch-{i}-{b[0]['cell_id']}", pure=False): b
                        for i, b in enumerate(parts)}
             with tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep", unit="cell", disable=not progress) as bar:
                 while pending:
@@ -618,14 +635,15 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                     for fut in finished_now:
                         batch = pending.pop(fut)
                         try:
-                            rows = fut.result()
+                            data, failed = fut.result()
                         except Exception as e:  # the worker died or the batch could not run: record every cell
                             msg = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
                             rows = [{**{k: v for k, v in c.items() if k not in ("timing", "hotlist_keys")},
                                      "status": "failed", "error": msg, "finished_at": time.time()} for c in batch]
-                        write_part(out, rows)
+                            data, failed = encode_part(rows), [(cell_label(r), msg) for r in rows]
+                        write_part(out, data)
                         ended.update(c["cell_id"] for c in batch)
-                        rows_failed += [(cell_label(r), r["error"]) for r in rows if r["status"] != "ok"]
+                        rows_failed += failed
                     bar.n = len(cells) - len(todo) + len(ended & {c["cell_id"] for c in todo})
                     if running:
                         cid, since = min(running.items(), key=lambda kv: kv[1])

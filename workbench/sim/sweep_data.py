@@ -54,22 +54,32 @@ def check_out(out) -> None:
     output_dir("--out", out)
 
 
-def write_part(out, rows: list[dict]) -> str:
-    """Write one batch's rows as a new part file (atomic: temp name, then rename; an object store puts it whole)."""
+def encode_part(rows: list[dict]) -> bytes:
+    """One batch's rows as the bytes of a Parquet file (workers encode their own batch; the client only writes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    columns = dict.fromkeys(k for row in rows for k in row)  # every row's keys (a failed row has fewer)
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pydict({k: [row.get(k) for row in rows] for k in columns}), sink)
+    return sink.getvalue().to_pybytes()
+
+
+def write_part(out, data: bytes) -> str:
+    """Write one batch's Parquet bytes (``encode_part``) as a new part file (atomic: temp name, then rename;
+    an object store puts it whole)."""
     fs, root = out_fs(out)
     fs.makedirs(root, exist_ok=True)
     name = f"part-{uuid.uuid4().hex[:16]}.parquet"
-    table = pa.Table.from_pandas(pd.DataFrame(rows), preserve_index=False)
     if is_url(out) and not str(out).startswith("file://"):
         with fs.open(f"{root}/{name}", "wb") as f:
-            pq.write_table(table, f)
+            f.write(data)
     else:
+        from pathlib import Path
+
         from ..fsutil import atomic_write
 
-        atomic_write(f"{root}/{name}", lambda tmp: pq.write_table(table, tmp))
+        atomic_write(f"{root}/{name}", lambda tmp: Path(tmp).write_bytes(data))
     return f"{root}/{name}"
 
 

@@ -1,8 +1,7 @@
 from collections import OrderedDict
 
-import numpy as np
-
 from .base import Policy, _token_ends, register
+from .kernels import lfu_replay
 
 
 @register
@@ -56,43 +55,11 @@ class LFU(Policy):
         return self._freq[key]
 
     def replay(self, keys, token_end=None):
-        """Fast demand-only replay (same result as ``Policy.replay``)."""
+        """Fast demand-only replay (same result as ``Policy.replay``; ``kernels.lfu_replay``); ticks are no-ops."""
         _token_ends(token_end, len(keys))
-        freq, buckets, cap = self._freq, self._buckets, self.capacity
-        minf = min(buckets) if buckets else 1
-        out = bytearray(len(keys))
-        i = 0
-        for k in np.asarray(keys, dtype=np.int64).tolist():
-            f = freq.get(k)
-            if f is not None:
-                b = buckets[f]
-                del b[k]
-                if not b:
-                    del buckets[f]
-                    if minf == f:
-                        minf = f + 1
-                f += 1
-                freq[k] = f
-                nb = buckets.get(f)
-                if nb is None:
-                    nb = buckets[f] = OrderedDict()
-                nb[k] = None
-                out[i] = 1
-            else:
-                if len(freq) >= cap:
-                    if minf not in buckets:
-                        minf = min(buckets)
-                    b = buckets[minf]
-                    victim, _ = b.popitem(last=False)
-                    del freq[victim]
-                    if not b:
-                        del buckets[minf]
-                freq[k] = 1
-                nb = buckets.get(1)
-                if nb is None:
-                    nb = buckets[1] = OrderedDict()
-                nb[k] = None
-                if minf > 1:
-                    minf = 1
-            i += 1
-        return np.frombuffer(bytes(out), dtype=np.bool_).copy()
+        start = list(self.order())
+        hits, order, freqs = lfu_replay(keys, start, [self._freq[k] for k in start], self.capacity)
+        self._freq, self._buckets = {}, {}
+        for k, f in zip(order.tolist(), freqs.tolist()):
+            self._put(k, f)
+        return hits
