@@ -280,10 +280,9 @@ def _chunks(sizes, offsets, bases):
     return tuple(np.array(col, dtype=np.uint64) for col in zip(*plan))
 
 
-_LANDING_SOURCE = """
-    const unsigned long long* t = (const unsigned long long*)copies;
-    unsigned long long c = blockIdx.x;
-    unsigned long long s = t[3 * (c + 1)], d = t[3 * (c + 1) + 1], n = t[3 * (c + 1) + 2];
+COPY_HEADER = """
+struct alignas(16) Words16 { unsigned long long a, b; };
+__device__ __forceinline__ void wb_copy(unsigned long long s, unsigned long long d, unsigned long long n) {
     if (((s | d | n) & 15ull) == 0) {
         const Words16* src = (const Words16*)s;
         Words16* dst = (Words16*)d;
@@ -293,6 +292,13 @@ _LANDING_SOURCE = """
         unsigned char* dst = (unsigned char*)d;
         for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
     }
+}
+"""  # one block copies n bytes from s to d (16 at a time where all three allow): the landing kernels' body
+
+_LANDING_SOURCE = """
+    const unsigned long long* t = (const unsigned long long*)copies;
+    unsigned long long c = blockIdx.x;
+    wb_copy(t[3 * (c + 1)], t[3 * (c + 1) + 1], t[3 * (c + 1) + 2]);
     if (c == 0) {
         const unsigned long long* ids = t + 3 * (t[1] + 1);
         for (unsigned long long i = threadIdx.x; i < t[0]; i += blockDim.x) out[i] = (unsigned int)ids[i];
@@ -306,6 +312,6 @@ def _landing_kernel():
     memory into slot memory. The table: a header (the number of ids, the number of copies, 0), the
     copies, then the ids; the output is the ids, so whatever computes with them runs after every copy."""
     return mx.fast.cuda_kernel(name="workbench_land_rows", input_names=["copies"], output_names=["out"],
-                               source=_LANDING_SOURCE, header="struct alignas(16) Words16 { unsigned long long a, b; };")
+                               source=_LANDING_SOURCE, header=COPY_HEADER)
 
 

@@ -55,6 +55,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import cuda
+from ..arena.staging import COPY_HEADER
 from ..arrays import address
 
 HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
@@ -149,16 +150,7 @@ _COPY_SOURCE = """
     __syncthreads();
     const unsigned long long* table = (const unsigned long long*)at;
     for (unsigned long long c = blockIdx.x; c < n; c += gridDim.x) {
-        unsigned long long s = wb_load(table + 3 * c), d = wb_load(table + 3 * c + 1), b = wb_load(table + 3 * c + 2);
-        if (((s | d | b) & 15ull) == 0) {
-            const Words16* src = (const Words16*)s;
-            Words16* dst = (Words16*)d;
-            for (unsigned long long i = threadIdx.x; i < b / 16; i += blockDim.x) dst[i] = src[i];
-        } else {
-            const unsigned char* src = (const unsigned char*)s;
-            unsigned char* dst = (unsigned char*)d;
-            for (unsigned long long i = threadIdx.x; i < b; i += blockDim.x) dst[i] = src[i];
-        }
+        wb_copy(wb_load(table + 3 * c), wb_load(table + 3 * c + 1), wb_load(table + 3 * c + 2));
     }
     if (blockIdx.x == 0 && threadIdx.x < K) out[threadIdx.x] = slots[threadIdx.x];
 """
@@ -242,7 +234,7 @@ class Handshake:
                 self.words[off + _COPY_AT] = self._copy_memory.device + self.index[key] * copies * 3 * 8
             self.copy_kernel = mx.fast.cuda_kernel(name="workbench_handshake_copy", input_names=["slots", "box_at"],
                                                    output_names=["out"], source=_COPY_SOURCE,
-                                                   header=_HEADER + "struct alignas(16) Words16 { unsigned long long a, b; };")
+                                                   header=_HEADER + COPY_HEADER)
         self.set_timeout(timeout_s)
         mx.eval(list(self.where.values()))
         self.threads = max(32, -(-top_k // 32) * 32)
