@@ -27,6 +27,7 @@ class TraceRecorder:
             raise ValueError(f"trace path {self.path} should end in .parquet")
         self.moe_input = moe_input
         self.calls = []  # fields of _Call
+        self._resident = {}  # MoE layer -> its last resident list
         self.io_rows = {k: [] for k in IO_COLUMNS} if io_events else None
         self._hooked = None
 
@@ -61,7 +62,13 @@ class TraceRecorder:
     def add_layer(self, ids, name, layer, step, phase, position, logits, moe_input, resident, predictions, **ctx):
         """One routing decision (the ``experts.selected`` hook's value and context), kept as given;
         ``close`` makes the rows. References are enough: MLX arrays are immutable, and the engine's
-        ids and numpy values are fresh host copies it never writes again."""
+        ids and numpy values are fresh host copies it never writes again. A resident set equal to the
+        layer's last one is kept as that list (a full arena's never changes): fewer objects live on
+        for the garbage collector to scan."""
+        if resident == self._resident.get(layer):
+            resident = self._resident[layer]
+        else:
+            self._resident[layer] = resident
         self.calls.append((layer, step, phase, position, ids, logits, moe_input if self.moe_input else None,
                            resident, predictions))  # a plain tuple: the cheapest to make
 
