@@ -102,16 +102,16 @@ class TraceRecorder:
         groups = {}  # (layer, has logits) -> indices of its calls
         for i, c in enumerate(calls):
             groups.setdefault((c.layer, c.logits is not None), []).append(i)
-        stacks = [[(calls[i].logits, n[i]) for i in idx] for (_, has_logits), idx in groups.items() if has_logits]
+        wanted = [[(calls[i].logits, n[i]) for i in idx] for (_, has_logits), idx in groups.items() if has_logits]
         if self.moe_input:
-            stacks.append([(c.moe_input, k) for c, k in zip(calls, n)])
-        stacks = iter(_stacks(stacks))
+            wanted.append([(c.moe_input, k) for c, k in zip(calls, n)])
+        host = iter(_stacks(wanted))  # each logits group's rows in group order, then the MoE inputs
         for (layer, has_logits), idx in groups.items():
             at = np.concatenate([np.arange(first[i], first[i + 1]) for i in idx])  # the group's rows
             ids = np.concatenate([calls[i].ids.reshape(n[i], -1) for i in idx])
             w = None
             if has_logits:
-                z = next(stacks)
+                z = next(host)
                 w = engine.gate_weights(layer, ids, z)
                 _put(logits, at, z.astype(np.float16))
             if w is not None:
@@ -129,7 +129,7 @@ class TraceRecorder:
                 "selected": selected, "weights": weights, "logits": logits,
                 "resident": per_row(np.asarray(c.resident, dtype=np.int16) for c in calls)}
         if self.moe_input:
-            cols["moe_input"] = list(next(stacks).astype(np.float16))
+            cols["moe_input"] = list(next(host).astype(np.float16))
         for src in dict.fromkeys(src for c in calls for src in c.predictions):  # in the order first seen
             col = cols[f"pred_{src}"] = []
             for c, k in zip(calls, n):  # rows without a prediction: None
