@@ -22,8 +22,8 @@ runs (so drifting load hits every side alike):
 plus those bytes at the read path's rate here, page cache warm (``read_gbps``): a claim cannot beat it
 without hiding reads.
 The trace row: a full trace recorder (MoE inputs included) against the untraced run (``--trace-at``), over
-``--trace-reps`` interleaved pairs (ABBA order): the median ms/token of each side, and the traced / untraced
-ratio of each pair, median [lowest, highest].
+``--trace-reps`` interleaved pairs (ABBA order): the median ms/token of each side and the traced / untraced
+ratio of each pair, median [lowest, highest]; the same for whole calls (prefill, decode, the trace's write).
 """
 
 import argparse
@@ -150,16 +150,19 @@ def streamed(eng, prompt, n, trace=None, temp=0, seed=7):
     return statistics.median(res.step_times[1:]) * 1e3, res.stats, (statistics.median(quiet) * 1e3 if quiet else None)
 
 
-def trace_pairs(eng, prompt, n, pairs, temp, folder) -> tuple[list, list]:
-    """Median ms/token of ``pairs`` untraced and traced runs (a full trace recorder, MoE inputs
-    included), interleaved in ABBA order so that neither side always runs first after the other's
-    trace write; ``spread`` of the two lists is the median per-pair ratio and its range."""
-    plain, traced = [], []
+def trace_pairs(eng, prompt, n, pairs, temp, folder) -> dict:
+    """``pairs`` untraced and traced runs (a full trace recorder, MoE inputs included), interleaved
+    in ABBA order so that neither side always runs first after the other's trace write: each run's
+    median ms/token and its whole call in ms (prefill, decode and the trace's write), per side."""
+    out = {k: [] for k in ("plain", "traced", "plain_call", "traced_call")}
     for i in range(pairs):
         for with_trace in ((False, True) if i % 2 == 0 else (True, False)):
             rec = TraceRecorder(f"{folder}/t{i}.parquet", moe_input=True) if with_trace else None
-            (traced if with_trace else plain).append(streamed(eng, prompt, n, rec, temp=temp)[0])
-    return plain, traced
+            side = "traced" if with_trace else "plain"
+            t = time.perf_counter()
+            out[side].append(streamed(eng, prompt, n, rec, temp=temp)[0])
+            out[side + "_call"].append((time.perf_counter() - t) * 1e3)
+    return out
 
 
 def read_gbps(eng) -> tuple[float, str]:
@@ -341,10 +344,12 @@ def main():
                     first = next(c for c in combos if c[0] == arena)
                     if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs) == first:
                         with tempfile.TemporaryDirectory() as d:
-                            plain, traced = trace_pairs(eng, prompt, a.tokens, a.trace_reps or 2 * a.reps, temp, d)
-                            print(f"trace (temp {temp}): untraced {statistics.median(plain):.2f} ms/tok, full trace recorder "
-                                  f"{statistics.median(traced):.2f} ms/tok, ratio {spread(traced, plain, 3)} "
-                                  f"({len(plain)} interleaved pairs)", flush=True)
+                            t = trace_pairs(eng, prompt, a.tokens, a.trace_reps or 2 * a.reps, temp, d)
+                            print(f"trace (temp {temp}): untraced {statistics.median(t['plain']):.2f} ms/tok, full trace "
+                                  f"recorder {statistics.median(t['traced']):.2f} ms/tok, ratio {spread(t['traced'], t['plain'], 3)}; "
+                                  f"whole calls {statistics.median(t['plain_call']):.0f} / {statistics.median(t['traced_call']):.0f} "
+                                  f"ms, ratio {spread(t['traced_call'], t['plain_call'], 3)} ({len(t['plain'])} interleaved pairs)",
+                                  flush=True)
                             if a.profile:
                                 print("  the traced run's host profile:")
                                 host_profile(eng, prompt, a.tokens, a.profile, TraceRecorder(f"{d}/p.parquet", moe_input=True))

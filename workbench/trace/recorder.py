@@ -88,7 +88,10 @@ class TraceRecorder:
             "workbench_version": __version__, "arena_slots": engine.n_slots, "policy": engine.arena.policy.name,
             "store": str(engine.root), "stats": {k: v for k, v in stats.items() if not isinstance(v, dict)},
         }
-        write_trace(self.path, self._columns(engine), meta, self.io_rows)
+        try:
+            write_trace(self.path, self._columns(engine), meta, self.io_rows)
+        finally:  # the run's values go now: the engine's Run, which refers to this recorder, is freed only
+            self.calls, self._resident = [], {}  # when the garbage collector finds its cycle
 
     def _columns(self, engine) -> dict:
         """The kept calls as trace columns: one row per token, in call order. Gate weights, the
