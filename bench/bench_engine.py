@@ -134,7 +134,8 @@ def sync_floor_model(path):
 
 
 def spread(streamed_ms, floor_ms, digits=2) -> str:
-    """Streamed / floor of each interleaved rep: median [lowest, highest] (the floor is the run beside it)."""
+    """Streamed / floor (or traced / untraced) of each interleaved rep: median [lowest, highest] (the
+    floor is the run beside it)."""
     ratios = sorted(s / f for s, f in zip(streamed_ms, floor_ms))
     return f"{statistics.median(ratios):.{digits}f} [{ratios[0]:.{digits}f}, {ratios[-1]:.{digits}f}]"
 
