@@ -21,7 +21,9 @@ runs (so drifting load hits every side alike):
 "MB/tok" is what the engine read per decode token (demand and read-ahead); "read-floor" the sync floor
 plus those bytes at the read path's rate here, page cache warm (``read_gbps``): a claim cannot beat it
 without hiding reads.
-The trace row: a full trace recorder (MoE inputs included) against the untraced run (``--trace-at``).
+The trace row: a full trace recorder (MoE inputs included) against the untraced run (``--trace-at``), over
+``--trace-reps`` interleaved pairs (ABBA order): the median ms/token of each side and the traced / untraced
+ratio of each pair, median [lowest, highest]; the same for whole calls (prefill, decode, the trace's write).
 """
 
 import argparse
@@ -131,10 +133,11 @@ def sync_floor_model(path):
     return model
 
 
-def spread(streamed_ms, floor_ms) -> str:
-    """Streamed / floor of each interleaved rep: median [lowest, highest] (the floor is the run beside it)."""
+def spread(streamed_ms, floor_ms, digits=2) -> str:
+    """Streamed / floor (or traced / untraced) of each interleaved rep: median [lowest, highest] (the
+    floor is the run beside it)."""
     ratios = sorted(s / f for s, f in zip(streamed_ms, floor_ms))
-    return f"{statistics.median(ratios):.2f} [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
+    return f"{statistics.median(ratios):.{digits}f} [{ratios[0]:.{digits}f}, {ratios[-1]:.{digits}f}]"
 
 
 def streamed(eng, prompt, n, trace=None, temp=0, seed=7):
@@ -146,6 +149,21 @@ def streamed(eng, prompt, n, trace=None, temp=0, seed=7):
     res.stats["bytes_per_token"] = dec.bytes_read.iloc[1:].mean() if len(dec) > 1 else 0.0
     res.stats["token_ids"] = res.tokens
     return statistics.median(res.step_times[1:]) * 1e3, res.stats, (statistics.median(quiet) * 1e3 if quiet else None)
+
+
+def trace_pairs(eng, prompt, n, pairs, temp, folder) -> dict:
+    """``pairs`` untraced and traced runs (a full trace recorder, MoE inputs included), interleaved
+    in ABBA order so that neither side always runs first after the other's trace write: each run's
+    median ms/token and its whole call in ms (prefill, decode and the trace's write), per side."""
+    out = {k: [] for k in ("plain", "traced", "plain_call", "traced_call")}
+    for i in range(pairs):
+        for with_trace in ((False, True) if i % 2 == 0 else (True, False)):
+            rec = TraceRecorder(f"{folder}/t{i}.parquet", moe_input=True) if with_trace else None
+            side = "traced" if with_trace else "plain"
+            t = time.perf_counter()
+            out[side].append(streamed(eng, prompt, n, rec, temp=temp)[0])
+            out[side + "_call"].append((time.perf_counter() - t) * 1e3)
+    return out
 
 
 def read_gbps(eng) -> tuple[float, str]:
@@ -248,6 +266,8 @@ def main():
                     "none, e.g. none,layer:1 (exact either way)")
     ap.add_argument("--trace-at", default="1.0", help="arenas where the first combination also times a full trace "
                     "recorder against the untraced run, e.g. 1.0,0.25")
+    ap.add_argument("--trace-reps", type=int, default=0, help="interleaved untraced/traced pairs of the trace row "
+                    "(default: twice --reps)")
     ap.add_argument("--profile", type=int, default=0, help="also print the N functions with the most host time per "
                     "streamed token (cProfile, one run per combination)")
     a = ap.parse_args()
@@ -326,13 +346,11 @@ def main():
                     first = next(c for c in combos if c[0] == arena)
                     if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs) == first:
                         with tempfile.TemporaryDirectory() as d:
-                            plain, traced = [], []
-                            for i in range(a.reps):
-                                plain.append(streamed(eng, prompt, a.tokens, temp=temp)[0])
-                                traced.append(streamed(eng, prompt, a.tokens, TraceRecorder(f"{d}/t{i}.parquet", moe_input=True),
-                                                       temp=temp)[0])
-                            print(f"trace (temp {temp}): untraced {statistics.median(plain):.2f} ms/tok, full trace recorder "
-                                  f"{statistics.median(traced):.2f} ms/tok, ratio {statistics.median(traced) / statistics.median(plain):.3f}",
+                            t = trace_pairs(eng, prompt, a.tokens, a.trace_reps or 2 * a.reps, temp, d)
+                            print(f"trace (temp {temp}): untraced {statistics.median(t['plain']):.2f} ms/tok, full trace "
+                                  f"recorder {statistics.median(t['traced']):.2f} ms/tok, ratio {spread(t['traced'], t['plain'], 3)}; "
+                                  f"whole calls {statistics.median(t['plain_call']):.0f} / {statistics.median(t['traced_call']):.0f} "
+                                  f"ms, ratio {spread(t['traced_call'], t['plain_call'], 3)} ({len(t['plain'])} interleaved pairs)",
                                   flush=True)
                             if a.profile:
                                 print("  the traced run's host profile:")

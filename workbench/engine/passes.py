@@ -303,7 +303,7 @@ class OptimisticPass(Pass):
         self.record = [d for d in keep if all(layer in d for layer in self.computed)]
         # one array, one transfer: every layer's ids, the planner's values (their float32 bits), the
         # draw's key (sampled), the logits' sum (finite?), the token
-        ids = [self.ids[layer].reshape(-1).astype(mx.uint32) for layer in self.computed] if self.with_ids else []
+        ids = [mx.concatenate([self.ids[layer] for layer in self.computed], -1).reshape(-1).astype(mx.uint32)] if self.with_ids else []
         values = [mx.view(d[layer].reshape(-1).astype(mx.float32), mx.uint32) for d in self.record
                   for layer in self.computed]
         key = [] if self.key is None else [self.key.reshape(-1).astype(mx.uint32)]

@@ -27,6 +27,7 @@ class TraceRecorder:
             raise ValueError(f"trace path {self.path} should end in .parquet")
         self.moe_input = moe_input
         self.calls = []  # fields of _Call
+        self._resident = {}  # MoE layer -> its last resident list
         self.io_rows = {k: [] for k in IO_COLUMNS} if io_events else None
         self._hooked = None
 
@@ -61,7 +62,13 @@ class TraceRecorder:
     def add_layer(self, ids, name, layer, step, phase, position, logits, moe_input, resident, predictions, **ctx):
         """One routing decision (the ``experts.selected`` hook's value and context), kept as given;
         ``close`` makes the rows. References are enough: MLX arrays are immutable, and the engine's
-        ids and numpy values are fresh host copies it never writes again."""
+        ids and numpy values are fresh host copies it never writes again. A resident set equal to the
+        layer's last one is kept as that list (a full arena's never changes): fewer objects live on
+        for the garbage collector to scan."""
+        if resident == self._resident.get(layer):
+            resident = self._resident[layer]
+        else:
+            self._resident[layer] = resident
         self.calls.append((layer, step, phase, position, ids, logits, moe_input if self.moe_input else None,
                            resident, predictions))  # a plain tuple: the cheapest to make
 
@@ -81,11 +88,15 @@ class TraceRecorder:
             "workbench_version": __version__, "arena_slots": engine.n_slots, "policy": engine.arena.policy.name,
             "store": str(engine.root), "stats": {k: v for k, v in stats.items() if not isinstance(v, dict)},
         }
-        write_trace(self.path, self._columns(engine), meta, self.io_rows)
+        try:
+            write_trace(self.path, self._columns(engine), meta, self.io_rows)
+        finally:  # the run's values go now: the engine's Run, which refers to this recorder, is freed only
+            self.calls, self._resident = [], {}  # when the garbage collector finds its cycle
 
     def _columns(self, engine) -> dict:
         """The kept calls as trace columns: one row per token, in call order. Gate weights, the
-        strongest-first order and float16 values are computed in bulk, per MoE layer."""
+        strongest-first order and float16 values are computed in bulk, per MoE layer; every MLX value
+        comes to the host in one evaluation, and list cells are numpy rows (no Python int per value)."""
         calls = [_Call(*c) for c in self.calls]
         n = [c.ids.size // c.ids.shape[-1] for c in calls]  # rows per call
         first = np.cumsum([0] + n)
@@ -94,19 +105,23 @@ class TraceRecorder:
         groups = {}  # (layer, has logits) -> indices of its calls
         for i, c in enumerate(calls):
             groups.setdefault((c.layer, c.logits is not None), []).append(i)
+        wanted = [[(calls[i].logits, n[i]) for i in idx] for (_, has_logits), idx in groups.items() if has_logits]
+        if self.moe_input:
+            wanted.append([(c.moe_input, k) for c, k in zip(calls, n)])
+        host = iter(_stacks(wanted))  # each logits group's rows in group order, then the MoE inputs
         for (layer, has_logits), idx in groups.items():
             at = np.concatenate([np.arange(first[i], first[i + 1]) for i in idx])  # the group's rows
             ids = np.concatenate([calls[i].ids.reshape(n[i], -1) for i in idx])
             w = None
             if has_logits:
-                z = _stack([calls[i].logits for i in idx], [n[i] for i in idx])
+                z = next(host)
                 w = engine.gate_weights(layer, ids, z)
                 _put(logits, at, z.astype(np.float16))
             if w is not None:
                 order = np.lexsort((ids, -w), axis=-1)  # strongest first, ties by id
                 ids, w = np.take_along_axis(ids, order, -1), np.take_along_axis(w, order, -1)
-                _put(weights, at, w.astype(np.float32).tolist())
-            _put(selected, at, ids.astype(np.int16).tolist())
+                _put(weights, at, w.astype(np.float32))
+            _put(selected, at, ids.astype(np.int16))
 
         def per_row(values):
             return [v for v, k in zip(values, n) for _ in range(k)]
@@ -115,9 +130,9 @@ class TraceRecorder:
                 "token": [c.position + t for c, k in zip(calls, n) for t in range(k)],
                 "phase": per_row(c.phase for c in calls), "layer": per_row(c.layer for c in calls),
                 "selected": selected, "weights": weights, "logits": logits,
-                "resident": per_row(c.resident for c in calls)}
+                "resident": per_row(np.asarray(c.resident, dtype=np.int16) for c in calls)}
         if self.moe_input:
-            cols["moe_input"] = list(_stack([c.moe_input for c in calls], n).astype(np.float16))
+            cols["moe_input"] = list(next(host).astype(np.float16))
         for src in dict.fromkeys(src for c in calls for src in c.predictions):  # in the order first seen
             col = cols[f"pred_{src}"] = []
             for c, k in zip(calls, n):  # rows without a prediction: None
@@ -139,13 +154,14 @@ class _Call(NamedTuple):
     predictions: dict
 
 
-def _stack(values, n) -> np.ndarray:
-    """numpy or MLX arrays of n[i] rows each, as one float32 array of their rows (MLX arrays in one
-    transfer)."""
-    values = list(values)
-    if all(isinstance(v, mx.array) for v in values):
-        return to_numpy(mx.concatenate([v.reshape(k, -1).astype(mx.float32) for v, k in zip(values, n)]))
-    return np.concatenate([to_numpy(v).reshape(k, -1) for v, k in zip(values, n)])
+def _stacks(groups) -> list:
+    """Each group, [(numpy or MLX array, its row count), ...], as one float32 numpy array of its rows.
+    The groups of MLX arrays only are evaluated together: one transfer for the whole trace."""
+    lazy = [mx.concatenate([v.reshape(-1) for v, _ in g]).astype(mx.float32)
+            if all(isinstance(v, mx.array) for v, _ in g) else None for g in groups]
+    mx.eval([x for x in lazy if x is not None])
+    return [np.array(x).reshape(sum(k for _, k in g), -1) if x is not None else
+            np.concatenate([to_numpy(v).reshape(k, -1) for v, k in g]) for g, x in zip(groups, lazy)]
 
 
 def _put(col, at, values):
