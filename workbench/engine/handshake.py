@@ -28,16 +28,20 @@ reads as it runs): a layer whose experts are all published posts its ids and com
 the slots the table gives, with no wait; the host claims it later, in order, as a hit (the claim
 must give the same slots, or the engine stops). Only a layer with a miss waits for its answer. A
 claim changes the table only while the device waits at a layer, and a later layer reads it only
-after that answer, so every layer reads the table per-layer decode would have. No read-ahead
-planner and no cache-aware router run through it (``Run.handshake_now``): nothing else changes the
-table while a token runs.
+after that answer, so every layer reads the table per-layer decode would have. A read-ahead
+planner turns it off (``HandshakePass.start``), and a cache-aware router never uses the handshake
+(``Run.handshake_now``): nothing else changes the table while a token runs.
+
+*Two lanes*: the mailboxes and the control block come twice, and tokens alternate between them,
+so a token can be built and launched while the one before it is still served (``Flight``: one
+token's state; ``Run.launch_ahead``).
 
 *Staged slots* land in the device's stream too: the answer's reads were made into pinned bounce
 rows (``slots.hand_over``), and a copy kernel right after the layer's handshake copies them into
 their slots (the copies travel in the mailbox, tagged with the ticket), before the experts run.
 
-Memory: a control block (the host's token number; the token the device gave up on), then one
-mailbox of ``stride`` uint64 words per MoE layer: the device's ticket (how many times the kernel
+Memory, per lane: a control block (the host's token number; the token the device gave up on, or
+the host dropped), then one mailbox of ``stride`` uint64 words per MoE layer: the device's ticket (how many times the kernel
 ran for this layer), the host's answer (the ticket it answered), the ticket the device gave up on,
 the placeholder slot, the wait in ns, the control block's address, the ticket it skipped (void),
 the ticket it passed through (hit-through), the ticket the copies are for, their number and

@@ -110,9 +110,10 @@ class Run:
 
     def launch_ahead(self, step, p):
         """The next token's pass, built and launched while ``p`` is still on the device: optimistic
-        after optimistic; through the handshake after the handshake (``p`` served meanwhile), where
-        nothing on the host needs a layer's values before the token ends (no hooks, no planner) and
-        the caches roll back (a given-up ``p`` drops it). None: the next token is made in its step."""
+        after optimistic; through the handshake after the handshake (``p`` served meanwhile, the
+        decision for the next step made now, once), where nothing on the host needs a layer's values
+        while graphs are built (no forward hook, no planner) and the caches roll back (a given-up
+        ``p`` drops it). None: the next token is made in its step."""
         if isinstance(p, OptimisticPass):
             return OptimisticPass(self, step).start(p.y) if self.optimistic_now(step) else None
         eng = self.engine
