@@ -210,6 +210,15 @@ def test_controller_probes_less_often_while_probes_lose():
     assert [b - a for a, b in zip(probes, probes[1:])][:3] == [8, 16, 16]
     c.observe(0, probe=True)  # a probe that needed no recompute
     assert c.interval == 4
+    # with the handshake's hit-through a per-layer token pays a sync only where a layer missed: it is
+    # chosen as soon as optimistic tokens recompute at all, and optimistic decode while nothing misses
+    hit = Controller("auto", n_layers=12, sync=1.0, probe=1000, through=True)
+    synced = Controller("auto", n_layers=12, sync=1.0, probe=1000)
+    assert hit.optimistic() and synced.optimistic()  # nothing has missed yet
+    hit.observe(1)
+    synced.observe(1)
+    assert not hit.optimistic()  # one recompute in four tokens: per-layer through the table costs less
+    assert synced.optimistic()  # against a sync per layer it is still cheaper optimistic
 
 
 @pytest.mark.parametrize("decode", ["optimistic", "layer"])

@@ -1,5 +1,6 @@
 """Slot memory (``arena.slots``): the factory's choice of mode, and how a read lands per mode."""
 
+from collections import deque
 from types import SimpleNamespace
 
 import numpy as np
@@ -68,6 +69,36 @@ def test_staged_reads_land_with_the_next_claim_and_rows_come_back():
     assert lost.buffer is None and len(slots.staging.free) == free
     slots.drain()
     assert slots.staging.pending == []
+
+
+def test_handed_over_reads_are_the_callers_to_land_and_a_reland_lands_them():
+    """The handshake's path for staged slots: reads completed during a claim are handed over (the
+    last one per slot; an earlier owner's row goes back at once), nothing lands meanwhile; rows the
+    device may not have copied (a give-up) land with the next ``landed``. In-place slots hand over
+    nothing."""
+    slots = make_slots("staged", MANIFEST, 4)
+    reqs = [slots.request("blob", s) for s in (1, 2, 1)]  # slot 1 read twice: the first is a previous owner's
+    data = [_fill(req, seed) for req, seed in zip(reqs, (3, 5, 9))]
+    free = len(slots.staging.free)
+
+    def claim():
+        for req in reqs:
+            req.land(req)
+        slots.flush()  # what a claim's release does: it must not land them now
+        return "table"
+
+    table, pairs = slots.hand_over(claim)
+    assert table == "table" and [slot for _, slot in pairs] == [2, 1]
+    assert slots.staging.pending == [] and slots.staging.divert is None
+    assert _slot_bytes(slots, 1) != data[2] and len(slots.staging.free) == free + 1  # the earlier row is back
+    slots.retire("kernel output", pairs)
+    slots.reland("kernel output", pairs)  # the device gave up: they land with the next claim
+    assert slots.staging._inflight == deque() and len(slots.staging.pending) == 2
+    slots.landed(np.array([1, 2]))
+    assert _slot_bytes(slots, 1) == data[2] and _slot_bytes(slots, 2) == data[1]
+    direct = make_slots("direct", MANIFEST, 4)
+    assert direct.hand_over(lambda: 7) == (7, []) and direct.handshake_copies(8) == 0
+    assert make_slots("none", MANIFEST, 4).handshake_copies(8) is None
 
 
 def test_default_slot_memory_by_backend_arena_and_expert_size(monkeypatch):
