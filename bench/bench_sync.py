@@ -50,6 +50,7 @@ def token(x, w, lut, variant, kernel, top_k):
     """One stand-in decode token through ``len(w)`` layers with ``variant`` per layer; evaluated."""
     if variant == "handshake":
         hs, perm = kernel[3], kernel[4]
+        f = hs.begin(through=False)  # every layer waits for the host's answer
 
         def claim(layer, ids, extra):  # the host's answer: a fixed expert -> slot permutation
             return [perm[e] for e in ids]
@@ -58,7 +59,7 @@ def token(x, w, lut, variant, kernel, top_k):
         idx = mx.argpartition(-(h @ router), kth=top_k - 1, axis=-1)[..., :top_k].reshape(-1)
         slots = idx
         if variant == "handshake":
-            slots = hs.slots(i, idx)
+            slots = hs.slots(f, i, idx)
         elif variant != "lazy":
             mx.eval(idx)
             ids = np.array(idx)
@@ -80,13 +81,13 @@ def token(x, w, lut, variant, kernel, top_k):
             mx.async_eval(y)
         if variant == "handshake":
             mx.async_eval(y)
-            hs.launched(y)
-            hs.serve(claim, wait=False)
+            f.last = y
+            hs.serve(f, claim, wait=False)
         x = x + y * 0.01
     if variant == "handshake":
         mx.async_eval(x)
-        hs.launched(x)
-        hs.serve(claim, wait=True)
+        f.last = x
+        hs.serve(f, claim, wait=True)
     mx.eval(x)
     return x
 
@@ -139,8 +140,6 @@ def main():
         for n in (names if rep % 2 == 0 else names[::-1]):
             x, per = x0, []
             for _ in range(a.tokens):
-                if n == "handshake":
-                    kernel[3].begin()
                 t = time.perf_counter()
                 x = token(x, w, lut, n, kernel, a.top_k)
                 per.append(time.perf_counter() - t)
