@@ -229,18 +229,21 @@ def ioreplay_check(a):
         alone, inside, cpu = {}, {}, []
         try:
             client.submit(sum, [1]).result()
+            def run_alone(rep):
+                for p in policies:
+                    for ar in arenas:
+                        alone.setdefault((p, ar), []).append(ioreplay_alone(trace, store, p, ar, a.io_mode))
+
+            def run_sweep(rep):
+                res = sweep(grid, work / f"out-{rep}", client=client, progress=False)
+                assert res.ran == len(policies) * len(arenas), res
+                for r in load_sweep(work / f"out-{rep}").to_dict("records"):
+                    inside.setdefault((r["policy"], r["arena"]), []).append({k: r[k] for k in IO_KEYS})
+
             for rep in range(a.reps):
                 with OtherCPU() as c:
-                    for order in ((0, 1) if rep % 2 == 0 else (1, 0)):
-                        if order == 0:
-                            for p in policies:
-                                for ar in arenas:
-                                    alone.setdefault((p, ar), []).append(ioreplay_alone(trace, store, p, ar, a.io_mode))
-                        else:
-                            res = sweep(grid, work / f"out-{rep}", client=client, progress=False)
-                            assert res.ran == len(policies) * len(arenas), res
-                            for r in load_sweep(work / f"out-{rep}").to_dict("records"):
-                                inside.setdefault((r["policy"], r["arena"]), []).append({k: r[k] for k in IO_KEYS})
+                    for step in ((run_alone, run_sweep) if rep % 2 == 0 else (run_sweep, run_alone)):
+                        step(rep)
                 cpu.append(c)
         finally:
             client.close()
@@ -266,16 +269,29 @@ def ioreplay_check(a):
     for key in alone:
         al, sw = alone[key], inside[key]
         ratios = [s["median_token_ms"] / x["median_token_ms"] for x, s in zip(al, sw)]
-        gbs = lambda rows: statistics.median(r["bytes_read"] / r["wall_s"] / 1e9 for r in rows)  # noqa: E731
-        med = lambda rows, k: statistics.median(r[k] for r in rows)  # noqa: E731
-        disk = lambda rows: statistics.median((r["disk_bytes"] or 0) / 1e6 for r in rows)  # noqa: E731
         same = all(x["residency_hash"] == s["residency_hash"] for x, s in zip(al, sw))
         ratio = statistics.median(ratios)
-        spread = lambda rows: max(r["median_token_ms"] for r in rows) / min(r["median_token_ms"] for r in rows)  # noqa: E731
-        print(f"| {key[0]} | {key[1]} | {med(al, 'median_token_ms'):.2f} | {med(sw, 'median_token_ms'):.2f} | {ratio:.3f} | "
-              f"{min(ratios):.3f}-{max(ratios):.3f} | {spread(al):.2f} | {spread(sw):.2f} | {gbs(al):.2f} | {gbs(sw):.2f} | "
-              f"{disk(al):.0f} / {disk(sw):.0f} | "
+        print(f"| {key[0]} | {key[1]} | {_med(al, 'median_token_ms'):.2f} | {_med(sw, 'median_token_ms'):.2f} | "
+              f"{ratio:.3f} | {min(ratios):.3f}-{max(ratios):.3f} | {_strays(al):.2f} | {_strays(sw):.2f} | "
+              f"{_gbs(al):.2f} | {_gbs(sw):.2f} | {_disk_mb(al):.0f} / {_disk_mb(sw):.0f} | "
               f"{'yes' if same else 'NO'} | {'yes' if abs(ratio - 1) <= 0.10 else 'no'} |")
+
+
+def _med(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def _gbs(rows):
+    return statistics.median(r["bytes_read"] / r["wall_s"] / 1e9 for r in rows)
+
+
+def _disk_mb(rows):
+    return statistics.median((r["disk_bytes"] or 0) / 1e6 for r in rows)
+
+
+def _strays(rows):
+    """How far one run of the same cell strays from another: max / min token time over reps."""
+    return max(r["median_token_ms"] for r in rows) / min(r["median_token_ms"] for r in rows)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ class Controller:
 
     Cost in units of one layer's compute: per-layer decode pays a host sync per MoE layer
     (``sync`` layers each), or with the handshake's hit-through (``through``) one per layer that
-    missed plus one for the token it cannot build ahead; an optimistic token pays one sync and,
+    missed plus one (the token's end, as an optimistic token's); an optimistic token pays one sync and,
     per recompute, a sync plus on average half the layers again. ``recomputes`` is a moving
     average of recomputes per token (observed in optimistic mode; in per-layer mode, the number of
     layers that missed, an upper bound). Per-layer mode probes optimistic decode every ``probe``
