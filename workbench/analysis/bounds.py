@@ -173,7 +173,9 @@ def hit_curves(source, capacities=None, policy="lru", phase=None, per_layer=True
             cum = np.cumsum(hist)
             hits = cum[np.minimum(caps - 1, len(cum) - 1)]
         elif policy == "belady":
-            hits = np.array([int(belady(ks, c).sum()) for c in caps])
+            ks = np.asarray(ks, dtype=np.int64)
+            nu = next_use(ks)  # once per layer, not per capacity
+            hits = np.array([int(belady_replay(ks, nu, int(c)).sum()) for c in caps])
         else:
             hits = np.array([replay_keys(ks, policy, int(c), preload=False).hits for c in caps])
         for c, h in zip(caps, hits):
