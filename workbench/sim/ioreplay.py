@@ -110,7 +110,8 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
     if cache not in (None, "cold", "warm"):
         raise ValueError(f"cache {cache!r} is not known; give cold or warm")
     reader = BlobReader(store, m, mode=io.mode, verify=io.verify)
-    if cache == "cold" and hasattr(os, "posix_fadvise"):
+    cold = cache == "cold" and hasattr(os, "posix_fadvise")
+    if cold:
         from ..io.readpath import drop_cache
 
         drop_cache(reader.path)
@@ -136,8 +137,8 @@ def replay_io(trace, store, arena: ArenaConfig | None = None, io: IOConfig | Non
                  expert_bytes=m.expert_bytes, policy=arena.policy, prefetch_source=routes.source or "none",
                  io_mode=io.mode, wall_s=float(sum(times)), layers_per_token=len(plan), map_layers=map_layers or "none",
                  map_experts=map_experts or "none", residency_hash=run.residency.hexdigest(),
-                 cache=(cache or "as found") if cache != "cold" or hasattr(os, "posix_fadvise") else
-                 "as found (cold needs posix_fadvise)", disk_bytes=disk)
+                 cache="as found (cold needs posix_fadvise)" if cache == "cold" and not cold else cache or "as found",
+                 disk_bytes=disk)
     total = sum(r.get("bytes_read", 0) for r in counters.rows.values())  # preload, prefill and decode, as disk_bytes
     stats["cache_bytes"] = None if disk is None else max(0, total - disk)
     return stats

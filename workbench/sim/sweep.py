@@ -336,7 +336,7 @@ def run_cell(cell: dict) -> dict:
     t0 = time.perf_counter()
     entry = worker_trace(cell["trace"], cell["trace_sha256"])
     trace = entry["trace"]
-    row = {k: v for k, v in cell.items() if k not in ("timing", "hotlist_keys")}
+    row = _config_row(cell)
     row.update({f"timing_{k}": v for k, v in (cell.get("timing") or {}).items()})
     opts = {"keys": cell["hotlist_keys"]} if cell["policy"] == "static" else {}
     ahead = AheadConfig() if cell["predictor"] == "none" else AheadConfig(cell["predictor"], cell["distance"], gate=cell["gate"])
@@ -397,12 +397,21 @@ def run_batch(cells: list) -> list:
         try:
             rows.append(run_cell(cell))
         except Exception as e:  # recorded in the row, never the end of the sweep
-            msg = (str(e).strip().splitlines() or [""])[0]
-            rows.append({**{k: v for k, v in cell.items() if k not in ("timing", "hotlist_keys")},
-                         "status": "failed", "error": f"{type(e).__name__}: {msg}", "worker": _worker_name(),
-                         "finished_at": time.time()})
+            rows.append(_failed_row(cell, e, worker=_worker_name()))
         _event("end", cell["cell_id"])
     return rows
+
+
+def _config_row(cell: dict) -> dict:
+    """A cell's configuration as its row starts (its timing goes in as timing_* columns)."""
+    return {k: v for k, v in cell.items() if k not in ("timing", "hotlist_keys")}
+
+
+def _failed_row(cell: dict, e: BaseException, **extra) -> dict:
+    """The row of a cell that failed: its configuration, status failed, the error's first line."""
+    msg = (str(e).strip().splitlines() or [""])[0]
+    return {**_config_row(cell), "status": "failed", "error": f"{type(e).__name__}: {msg}", **extra,
+            "finished_at": time.time()}
 
 
 def run_part(cells: list) -> tuple[bytes, list]:
@@ -637,10 +646,8 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                         try:
                             data, failed = fut.result()
                         except Exception as e:  # the worker died or the batch could not run: record every cell
-                            msg = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-                            rows = [{**{k: v for k, v in c.items() if k not in ("timing", "hotlist_keys")},
-                                     "status": "failed", "error": msg, "finished_at": time.time()} for c in batch]
-                            data, failed = encode_part(rows), [(cell_label(r), msg) for r in rows]
+                            rows = [_failed_row(c, e) for c in batch]
+                            data, failed = encode_part(rows), [(cell_label(r), r["error"]) for r in rows]
                         write_part(out, data)
                         ended.update(c["cell_id"] for c in batch)
                         rows_failed += failed
