@@ -49,7 +49,7 @@ workload_prompt_tokens = 128  # workload: teacher-forced tokens of each prompt's
 workload_max_tokens = 32      # workload: greedy tokens decoded after them
 live = True         # also the live engine rows (the UNPERT 2x2, strata, L+2, self-draft)
 max_layers = 0      # cosine: only the first N MoE layers (0: all)
-small = False       # CI preset (one prompt per domain, short live runs, two cosine layers)
+small = False       # CI preset (one prompt per domain, no live runs, two cosine layers)
 
 # %%
 from workbench.analysis.ledger import DOCS, headline_counts, workload_ledger
@@ -63,7 +63,7 @@ from workbench.viz.panel import panel
 wb.setup()
 w = notebook_workload(model, per_domain, workload_prompt_tokens, workload_max_tokens, small, progress=not wb.is_static())
 ledger, tables = workload_ledger(w, live=live and not small, cosine_layers=2 if small else max_layers,
-                                 strata_tokens=6 if small else None, readpath_repeats=2 if small else 5,
+                                 readpath_repeats=2 if small else 5,
                                  progress=not wb.is_static())
 lengths = sorted(len(r.prompt_ids) for r in w.runs)
 print(f"model: {w.model}; {len(w.runs)} prompts of {lengths[0]}-{lengths[-1]} teacher-forced tokens; "

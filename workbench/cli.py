@@ -7,6 +7,7 @@ import functools
 import importlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -390,11 +391,12 @@ def _print_summary(res, text, timing, streamed, verify) -> None:
 
 
 def _share(arena: str) -> str:
-    """An --arena value as a user reads it: 0.25 -> 25%."""
-    try:
-        return f"{float(arena):.0%}"
-    except ValueError:
-        return arena
+    """An --arena value as a user reads it, as ``sizes.arena_slots`` reads it: a fraction 0.25 -> 25%,
+    a whole number is slots (64 -> 64-slot), anything else as written (25%, 2GB)."""
+    text = str(arena).strip()
+    if re.fullmatch(r"[0-9]*\.[0-9]+", text):
+        return f"{float(text):.0%}"
+    return f"{text}-slot" if text.isdigit() else text
 
 
 def cmd_demo(args) -> int:
@@ -402,7 +404,6 @@ def cmd_demo(args) -> int:
     to resident mlx-lm; the same prompt over arenas with and without read-ahead; then the report."""
     from . import demo
     from .data import default_model
-    from .store.cache import resolve_store
     from .viz.render import save_chart
 
     model = default_model()
@@ -422,7 +423,7 @@ def cmd_demo(args) -> int:
     print(f"\n   resident mlx-lm (generate_step, all weights in memory), same prompt: {len(reference)} tokens, "
           f"{same} to the streamed ones")
     print("\n2. the same prompt at 100%, 25% and 10% arenas, without and with read-ahead (one run each):")
-    runs = demo.arena_runs(resolve_store(model, progress=False), ids, args.max_tokens, reference)
+    runs = demo.arena_runs(Path(args.model), ids, args.max_tokens, reference)  # the store run_and_print resolved
     print(demo.table_text(runs))
     print("   (this store is small: its reads come from the OS page cache here; with a model larger than RAM each MB "
           "read per token is an SSD read, notebook 07 measures that path)")

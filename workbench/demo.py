@@ -40,7 +40,7 @@ def resident_tokens(model_dir, ids, max_tokens) -> list[int]:
 
     model, tokenizer = load(str(model_dir))
     out = []
-    for (tok, _), _ in zip(generate_step(mx.array(ids), model, max_tokens=max_tokens), range(max_tokens)):
+    for tok, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
         out.append(int(tok))
         if tok in tokenizer.eos_token_ids:
             break

@@ -588,8 +588,8 @@ def _files_of_old_report(out: Path) -> set | None:
 def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished temp dir onto ``out``; the old report (checked again: only files it
     wrote) is removed after."""
+    unmark(tmp)  # first: the temp folder's marker is not a file of the report
     (tmp / MARK).write_text(json.dumps(_files(tmp)))
-    unmark(tmp)
     check_out(out)
     old = None
     if out.exists() and any(out.iterdir()):
