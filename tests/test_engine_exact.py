@@ -333,3 +333,37 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
         for key in ("hits", "misses", "evictions", "bytes_read", "residency_hash"):
             assert gave.stats[key] == sync.stats[key], (mode, key)
         assert gave.stats["handshake_tokens"] == 7 and gave.stats["recomputes"] == 7  # from the second decode step
+
+
+@pytest.mark.parametrize("writes", WRITES)
+def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monkeypatch):
+    """A prompt long enough to read the next layer ahead, in an arena with room for two layers: each
+    layer is claimed whole (every expert) before its route is known, with no sync on the ids; the
+    tokens equal resident mlx-lm's, and the residency, counters and prompt-hot order equal the run
+    whose listening hook makes it sync per layer (the same claims)."""
+    import workbench.engine.passes as passes
+
+    model_dir, store = tiny("qwen3_moe", 4, layers=4)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(1, 128, 40)]
+    ref, _ = resident_greedy(model_dir, prompt, 6)
+    unsynced, real = [], passes.SyncPass._unsynced
+    monkeypatch.setattr(passes.SyncPass, "_unsynced", lambda self, layer, *a: unsynced.append(layer) or real(self, layer, *a))
+    runs = []
+    for listen in (False, True):
+        with Engine(store, arena=ArenaConfig("0.75", writes=writes), decode="layer", progress=False) as eng:
+            if listen:
+                eng.hooks.add("token.end", lambda *a, **k: None)
+            before = len(unsynced)
+            res = eng.generate(prompt, max_tokens=6)
+            order = list(eng.arena.policy.order())
+            runs.append((res, len(unsynced) - before, order, eng.m))
+    (quiet, n_quiet, order_quiet, m), (synced, n_synced, order_synced, _) = runs
+    assert n_quiet == len(m.moe_layers) and n_synced == 0  # every layer of the prefill, and only there
+    for res in (quiet, synced):
+        assert res.tokens == ref
+    assert quiet.stats["residency_hash"] == synced.stats["residency_hash"] and order_quiet == order_synced
+    pre, timed = quiet.stats["prefill"], ("compute_s", "io_wait_s", "prefetch", "prefetch_bytes")
+    assert {k: v for k, v in pre.items() if k not in timed} == {k: v for k, v in synced.stats["prefill"].items()
+                                                                if k not in timed}  # a read done before its claim or not: timing
+    assert pre["lookups"] == len(m.moe_layers) * m.n_experts  # whole layers: every expert looked up once
+    assert pre["prefetch"]["issued"] > 0  # the next layer read ahead while a layer computes

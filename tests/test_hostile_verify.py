@@ -47,13 +47,13 @@ def test_blob_changed_after_first_read(tiny, tmp_path, mode, caught):
 
 
 def test_changed_rechecks_only_after_the_file_changed(tiny, tmp_path, monkeypatch):
-    import zlib
+    import workbench.store.reader as reader_module
 
     _, src = tiny("qwen3_moe", 4)
     store = copy_store(src, tmp_path / "s")
-    real_crc, real_read = zlib.crc32, BlobReader.read_probed
+    real_crc, real_read = reader_module.crc32, BlobReader.read_probed
     crcs, reads = [], []
-    monkeypatch.setattr("workbench.store.reader.zlib.crc32", lambda *a: crcs.append(1) or real_crc(*a))
+    monkeypatch.setattr(reader_module, "crc32", lambda *a: crcs.append(1) or real_crc(*a))
     monkeypatch.setattr(BlobReader, "read_probed", lambda self, *a, **k: reads.append(1) or real_read(self, *a, **k))
     with Engine(store, arena="4", io=IOConfig(verify="changed"), progress=False) as eng:
         n_tensors = len(eng.m.tensors)
@@ -78,3 +78,21 @@ def test_unknown_verify_mode_lists_the_modes(tiny):
 def test_engine_api_refuses_too_many_io_workers_before_opening(tiny, tmp_path):
     with pytest.raises(ValueError, match="--io-workers 100000 is out of range: give a value in \\[1, 256\\]"):
         Engine(tmp_path / "not-even-a-store", io=IOConfig(workers=100000), progress=False)
+
+
+def test_the_store_checksum_is_zlibs_crc32():
+    """The fast CRC-32 the store checks with (zlib-ng's where installed) gives zlib's values, chained
+    over a blob's tensors as the reader and the packer chain it."""
+    import zlib
+
+    import numpy as np
+
+    from workbench.store.manifest import crc32
+
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (0, 1, 17, 4096, 100_003, 1 << 20)]
+    chained = 0
+    for p in parts:
+        assert crc32(p) == zlib.crc32(p)
+        chained = crc32(memoryview(p), chained)
+    assert chained == zlib.crc32(b"".join(parts))

@@ -10,7 +10,7 @@ from workbench.arena.slots import DirectSlots, NoSlots, StagedSlots, default_mod
 from workbench.store.manifest import TensorSpec
 
 TENSORS = [TensorSpec("w", (4, 8), "uint8", 32), TensorSpec("s", (3,), "float32", 12)]
-MANIFEST = SimpleNamespace(tensors=TENSORS, n_routed=16, expert_bytes=44)
+MANIFEST = SimpleNamespace(tensors=TENSORS, n_routed=16, expert_bytes=44, n_experts=4, top_k=2)
 
 
 def _fill(req, seed):

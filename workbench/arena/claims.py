@@ -19,7 +19,9 @@ prompt's hottest experts are kept hottest in the policy after it (``protect_prom
 batch that wants more experts than the arena has room for runs in waves, resident experts first.
 A batch long enough to route to most of a layer's experts (``reads_next_layer``) reads the next
 MoE layer's experts speculatively at ``end``, while this layer computes: each read at most once,
-claimed (or dropped to limbo) at that layer.
+claimed (or dropped to limbo) at that layer; and where the arena has room for the whole layer it
+claims every expert of it (``whole_layer``), so the engine can claim it before the route is known
+(no sync per layer: ``passes.SyncPass``).
 ``preload`` fills the arena before a run's first claim.
 """
 
@@ -62,6 +64,10 @@ class Claims:
         self.ahead, self.settle_at_end = None, False
         if ids.size == self.top_k:  # one token: its top-k ids are distinct already
             return [sorted(ids.reshape(-1).tolist())]  # a list: numpy's first call after a sync is slow
+        whole = self.whole_layer(layer, ids.size // self.top_k)
+        if whole is not None:
+            self.note_route(layer, ids)
+            return whole
         wanted, counts = np.unique(ids, return_counts=True)
         arena = self.arena
         if reads_next_layer(ids.size // self.top_k, self.top_k, arena.E, arena.n_slots):
@@ -77,6 +83,26 @@ class Claims:
         else:
             return [wanted]
         return [np.array(order[i:i + room]) for i in range(0, len(order), room)]
+
+    def whole_layer(self, layer: int, n_tokens: int):
+        """The long-batch rule: a batch of ``n_tokens`` long enough to read the next layer ahead
+        claims every expert of ``layer`` in one wave, whatever its route (which then need not be
+        known first), where the arena has room for them: that wave, else None."""
+        arena = self.arena
+        self.ahead, self.settle_at_end = None, False
+        if n_tokens <= PREFILL_TOKENS or not reads_next_layer(n_tokens, self.top_k, arena.E, arena.n_slots):
+            return None
+        if min(arena.n_slots - len(arena.spec) - len(arena.limbo), prefill_cap(layer)) < arena.E:
+            return None
+        self.ahead = self.next_layer.get(layer)
+        self.settle_at_end = self.ahead is None
+        return [np.arange(arena.E)]
+
+    def note_route(self, layer: int, ids: np.ndarray) -> None:
+        """A long batch's route at ``layer`` (known at its claim, or read after a whole-layer claim):
+        how often it used each expert, for ``protect_prompt_hot``."""
+        wanted, counts = np.unique(ids, return_counts=True)
+        self.prompt_hot.extend((int(n), layer, int(e)) for n, e in zip(counts, wanted))
 
     def claim(self, layer: int, wanted) -> np.ndarray:
         """Make ``wanted`` resident and published, pinned until ``next_wave`` or ``end``: the layer's

@@ -176,7 +176,8 @@ class StagedSlots(Slots):
 
     def __init__(self, manifest, n_slots: int):
         self.tensors = _zeros(manifest, n_slots)
-        self.staging = Staging([self.tensors[t.name] for t in manifest.tensors])
+        rows = min(n_slots, 2 * manifest.n_experts + 2 * manifest.top_k)  # what a long batch holds at once
+        self.staging = Staging([self.tensors[t.name] for t in manifest.tensors], rows=rows)
 
     def request(self, blob, slot: int, speculative: bool = False) -> ReadRequest:
         """A bounce row split like the slot's tensors, landed by the reading thread (``ReadRequest.land``)."""

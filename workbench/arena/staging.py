@@ -42,13 +42,15 @@ class Row:
 class Staging:
     """Bounce rows for the slot tensors ``tensors`` ([n_slots + 1, ...] MLX arrays, in the slot's
     order); a row's ``views`` are one writable byte view per tensor (what a read fills). Rows are
-    taken and given back on the decode thread; any reading thread may ``land`` one."""
+    taken and given back on the decode thread; any reading thread may ``land`` one. ``rows``: how
+    many are made at once, up front (pinning host memory takes about 0.5 ms per MB on CUDA: a prompt
+    that grew the rows as it went paid it in its time to first token); more are made as needed."""
 
-    def __init__(self, tensors, rows_per_chunk=16):
+    def __init__(self, tensors, rows=16):
         raw = [memoryview(a).cast("B") for a in tensors]
         self.sizes = [r.nbytes // a.shape[0] for r, a in zip(raw, tensors)]
         self.offsets = np.cumsum([0] + [-(-n // _ALIGN) * _ALIGN for n in self.sizes])  # in a row
-        self.rows_per_chunk = rows_per_chunk
+        self.rows_per_chunk = 16
         self.free: deque[Row] = deque()
         self.pending: list = []  # (row, slot) of complete reads not landed yet, in the order they completed
         self._lock = threading.Lock()  # for ``pending``
@@ -58,6 +60,7 @@ class Staging:
         self._cuda = cuda.runtime() if cuda.in_use() else None
         self.device_copy = self._cuda is not None and all(cuda.on_gpu(self._cuda, address(r), r.nbytes) for r in raw)
         self.kernel = False  # pending rows land through the landing kernel
+        self._grow(max(1, rows))
         if self.device_copy:
             self.bases = [address(r) for r in raw]
             self._sizes = (ctypes.c_size_t * len(self.sizes))(*self.sizes)
@@ -240,8 +243,11 @@ class Staging:
             stream = self._local.stream = cuda.new_stream(self._cuda)
         return stream
 
-    def _grow(self):
-        n, row_bytes = self.rows_per_chunk, int(self.offsets[-1])
+    def _grow(self, n=None):
+        """``n`` more free rows in one chunk (by default ``rows_per_chunk``, which then doubles)."""
+        if n is None:
+            n, self.rows_per_chunk = self.rows_per_chunk, 2 * self.rows_per_chunk
+        row_bytes = int(self.offsets[-1])
         chunk = cuda.Pinned(self._cuda, n * row_bytes) if self.device_copy else mmap.mmap(-1, n * row_bytes)  # page-aligned
         raw = memoryview(chunk.buffer if self.device_copy else chunk).cast("B")
         base = address(raw)
@@ -251,7 +257,6 @@ class Staging:
             views = [raw[off + o:off + o + size] for o, size in zip(self.offsets, self.sizes)]
             ptrs = [base + off + int(o) for o in self.offsets[:-1]]
             self.free.append(Row(chunk, views, ptrs, device + off if device else 0))
-        self.rows_per_chunk *= 2
 
 
 _ALIGN = 64  # a row's tensors start at multiples of this (the landing kernel copies 16 bytes at a time)

@@ -74,10 +74,22 @@ class Pass:
 
 
 class SyncPass(Pass):
-    """Per-layer decode: sync on the ids, claim, compute (in waves where the batch needs them)."""
+    """Per-layer decode: sync on the ids, claim, compute (in waves where the batch needs them). A
+    long batch whose layers are claimed whole (``Claims.whole_layer``) does not wait for its ids
+    where nothing on the host needs them while the pass runs (no planner, no cache-aware routing, no
+    hook listening): the host claims layer after layer while the device computes, waiting only for
+    the layer before to be computed before the slots change owner, and reads the route once, at the
+    end (``finish_batch``)."""
+
+    unsynced = None  # the last layer claimed without a sync: its experts' output
+    routes = ()  # (MoE layer, ids on the device) of the layers claimed without a sync
 
     def experts(self, layer, inner, x, indices):
         run = self.run
+        if run.planner is None and run.router is None and not run.engine.hooks.active:
+            waves = run.claims.whole_layer(layer, indices.size // run.engine.top_k)
+            if waves is not None:
+                return self._unsynced(layer, inner, x, indices, waves[0])
         c = run.counters.row(run.step, layer)
         target, z = run.predict(layer, self)
         t0 = time.perf_counter_ns()
@@ -108,6 +120,35 @@ class SyncPass(Pass):
                 mx.async_eval(y)  # before any slot changes owner (without it, that sync runs them)
             c["compute_ns"] += time.perf_counter_ns() - t0
         return y
+
+    def _unsynced(self, layer, inner, x, indices, wave):
+        """A layer claimed whole before its route is known: its attention and router start behind the
+        layer before, whose experts are waited for (their slots may change owner in this claim)."""
+        run = self.run
+        c = run.counters.row(run.step, layer)
+        t0 = time.perf_counter_ns()
+        mx.async_eval(indices)
+        if self.unsynced is not None:
+            mx.eval(self.unsynced)
+        c["compute_ns"] += time.perf_counter_ns() - t0
+        self.routes = [*self.routes, (layer, indices)]
+        table = run.claims.claim(layer, wave)
+        y = inner(x, mx.take(run.arena.slots.landed(table), indices))
+        mx.async_eval(y)
+        self.unsynced = y
+        run.claims.end()  # the next layer read ahead while these slots are pinned
+        return y
+
+    def finish_batch(self) -> None:
+        """After a batch's pass: its layers claimed without a sync are computed, and their route is
+        read (one transfer) for ``Claims.protect_prompt_hot``."""
+        if self.unsynced is None:
+            return
+        mx.eval(self.unsynced)
+        self.unsynced = None
+        for (layer, _), ids in zip(self.routes, np.array(mx.stack([i for _, i in self.routes]))):
+            self.run.claims.note_route(layer, ids)
+        self.routes = ()
 
     def start(self, y):
         """Build the token's graph (claiming layer by layer) and read the token: one transfer."""

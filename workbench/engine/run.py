@@ -137,7 +137,9 @@ class Run:
         default, as mlx-lm), step 0; ``protect``: keep the prompt's hottest experts hottest afterwards."""
         self.begin_step(0, "prefill")
         for i in range(0, len(x), self.kv.prefill_step):
-            self.call(SyncPass(self, 0), x[i:i + self.kv.prefill_step][None])
+            p = SyncPass(self, 0)
+            self.call(p, x[i:i + self.kv.prefill_step][None])
+            p.finish_batch()
             self.kv.quantize(self.cache)
             mx.eval([c.state for c in self.cache])
         if protect:
@@ -146,7 +148,10 @@ class Run:
     def batch(self, tokens, step, phase):
         """A batch of tokens in one per-layer pass, bookkept as ``step`` of ``phase``: its logits."""
         self.begin_step(step, phase)
-        return self.call(SyncPass(self, step), mx.array(tokens, mx.uint32)[None])
+        p = SyncPass(self, step)
+        logits = self.call(p, mx.array(tokens, mx.uint32)[None])
+        p.finish_batch()
+        return logits
 
     def close(self) -> None:
         """The end of the call: nothing reads a slot any more, open speculation is settled."""

@@ -10,7 +10,6 @@ import time
 import mlx.core as mx
 
 from ..arena.counters import summarize
-from .passes import SyncPass
 from .run import Result, Run
 
 
@@ -46,9 +45,8 @@ class SpeculativeMixin:
             try:
                 if n_ctx > 0:
                     run.prefill(mx.array(ids[:n_ctx]), protect=False)
-                run.begin_step(1, "verify")
                 t0 = time.perf_counter()
-                logits = run.call(SyncPass(run, 1), mx.array(ids[n_ctx:])[None])
+                logits = run.batch(ids[n_ctx:], 1, "verify")
                 greedy = mx.argmax(logits[0], axis=-1)
                 mx.eval(greedy)
                 seconds = time.perf_counter() - t0

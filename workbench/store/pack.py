@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-import zlib
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,7 +18,7 @@ from ..fsutil import cache_dir, clean_stale, marked_temp_dir, unmark
 from ..model import (ModelError, config_hash, expert_modules, load_config, model_classes, quantized_modules, top_k_of,
                      weight_files)
 from .locks import file_lock
-from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, StoreError, file_crc32
+from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, StoreError, crc32, file_crc32
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "generation_config.json", "chat_template.jinja")
@@ -153,7 +152,7 @@ def _write(model, config, experts, out: Path, progress: bool) -> dict:
                 crc = 0
                 for p in parts:
                     f.write(p)
-                    crc = zlib.crc32(p, crc)
+                    crc = crc32(p, crc)
                 f.write(b"\0" * (stride - expert_bytes))
                 blobs.append([layer, e, offset, expert_bytes, crc])
                 offset += stride

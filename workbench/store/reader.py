@@ -13,11 +13,10 @@ import mmap
 import os
 import sys
 import threading
-import zlib
 
 from ..arrays import address
 from ..config import READ_MODES, VERIFY_MODES
-from .manifest import EXPERTS, Blob, StoreError
+from .manifest import EXPERTS, Blob, StoreError, crc32
 
 PIECE_BYTES = 1 << 20
 DIRECT_ALIGN = 4096  # O_DIRECT: file offsets, buffer addresses and lengths in pages
@@ -185,7 +184,7 @@ class BlobReader:
             return
         crc = 0
         for v in views:
-            crc = zlib.crc32(v, crc)
+            crc = crc32(v, crc)
         if crc != blob.crc32:
             raise StoreError(
                 f"checksum mismatch in layer {blob.layer} expert {blob.expert} "

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import zlib
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from .. import __version__
 from ..checks import whole
 from ..fsutil import marked_temp_dir, unmark
 from ..model import config_hash, normalize_config
-from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT
+from .manifest import ALIGN, EXPERTS, FORMAT, MANIFEST, RESIDENT, crc32
 
 BITS = (2, 3, 4, 5, 6, 8, 16)
 GROUP = 64
@@ -184,7 +183,7 @@ def synth_store(out, like: str | None = None, bits: int = 4, seed: int = 0, prog
                     crc = 0
                     for part in _random_expert(rng, specs):
                         f.write(part)
-                        crc = zlib.crc32(part, crc)
+                        crc = crc32(part, crc)
                     f.write(pad)
                     blobs.append([layer, e, offset, expert_bytes, crc])
                     offset += stride
@@ -216,7 +215,7 @@ def synth_store(out, like: str | None = None, bits: int = 4, seed: int = 0, prog
                           "resident_weights": False},
         }
         resident = _empty_safetensors(tmp / RESIDENT)
-        manifest.update(resident_size=len(resident), resident_crc32=zlib.crc32(resident))
+        manifest.update(resident_size=len(resident), resident_crc32=crc32(resident))
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / MANIFEST).write_text(json.dumps(manifest))
         unmark(tmp)
