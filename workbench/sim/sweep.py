@@ -561,7 +561,7 @@ def _wait_for_workers(client, timeout) -> int:
     return len(client.scheduler_info()["workers"])
 
 
-def batches(cells: list, n_workers: int, per_worker: int = 8, most: int = 500) -> list:
+def batches(cells: list, n_workers: int, per_worker: int = 2, most: int = 500) -> list:
     """Cells in batches, about ``per_worker`` per worker (at most ``most`` cells each), one trace per batch.
     A trace's cells are dealt out in turn (batch b takes cells b, b + B, ...), so every batch holds the
     same mix of policies and arenas and the batches take about as long as each other."""
