@@ -62,6 +62,18 @@ def _live(store, arena, ahead, prompt, path):
 @pytest.mark.parametrize("ahead", ["none", "layer"])
 @pytest.mark.parametrize("n_prompt", [1, 8, 200])
 def test_engine_simulate_and_ioreplay_agree_per_step(tiny, tmp_path, size, policy, ahead, n_prompt):
+    _agree(tiny, tmp_path, size, policy, ahead, n_prompt)
+
+
+def test_the_three_drivers_agree_on_whole_layer_prefill(tiny, tmp_path):
+    """A 200-token prompt in an arena with room for two layers: every layer claimed whole."""
+    live = _agree(tiny, tmp_path, "75%", "lru", "none", 200)
+    pre = live.counters[live.counters.phase == "prefill"]
+    assert int((pre.hits + pre.misses + pre.prefetch_useful_late + pre.prefetch_useful_timely).sum()) == \
+        SHAPE["layers"] * SHAPE["experts"]
+
+
+def _agree(tiny, tmp_path, size, policy, ahead, n_prompt):
     _, store = tiny("qwen3_moe", 4, **SHAPE)
     arena, ahead = ArenaConfig(size, policy), AHEAD[ahead]
     path = tmp_path / "run.parquet"
@@ -83,3 +95,4 @@ def test_engine_simulate_and_ioreplay_agree_per_step(tiny, tmp_path, size, polic
         assert sim.summary[key] == io[key] == live.stats[key]
     if width is not None:  # the engine's layer predictor ranks top_k candidates, as simulate does by default
         assert width == sim.config["k"] == SHAPE["top_k"] and live.stats["prefetch"]["issued"] > 0
+    return live

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 PREFILL_TOKENS = 8  # batches longer than this use the prefill rule
+WHOLE_PICKS = 8  # a batch with this many picks per expert of a layer claims the layer whole (``whole_layer``)
 
 
 def prefill_cap(layer: int) -> int:
@@ -85,12 +86,16 @@ class Claims:
         return [np.array(order[i:i + room]) for i in range(0, len(order), room)]
 
     def whole_layer(self, layer: int, n_tokens: int):
-        """The long-batch rule: a batch of ``n_tokens`` long enough to read the next layer ahead
-        claims every expert of ``layer`` in one wave, whatever its route (which then need not be
-        known first), where the arena has room for them: that wave, else None."""
+        """The long-batch rule: a batch of ``n_tokens`` with ``WHOLE_PICKS`` picks per expert of a layer
+        (uniform routing would leave 0.03% of them unrouted; a 2048-token prompt has 128-256) claims
+        every expert of ``layer`` in one wave, whatever its route (which then need not be known
+        first), where the arena has room for it and the next layer read ahead: that wave, else None.
+        Shorter batches claim what they route to: a 64-token prompt's whole layers would evict the
+        experts decode uses (wide model, 25%: 94.9% decode hits against 97.7%; bench/RESULTS.md)."""
         arena = self.arena
         self.ahead, self.settle_at_end = None, False
-        if n_tokens <= PREFILL_TOKENS or not reads_next_layer(n_tokens, self.top_k, arena.E, arena.n_slots):
+        if (n_tokens <= PREFILL_TOKENS or n_tokens * self.top_k < WHOLE_PICKS * arena.E
+                or not reads_next_layer(n_tokens, self.top_k, arena.E, arena.n_slots)):
             return None
         if min(arena.n_slots - len(arena.spec) - len(arena.limbo), prefill_cap(layer)) < arena.E:
             return None
