@@ -476,3 +476,94 @@ def test_belady_kernel_equals_brute_force(compiled):
         for bypass in (False, True):
             hits = belady_replay(keys, next_use(keys), cap, bypass, compiled=compiled)
             assert hits.tolist() == _belady_brute_force(keys, cap, bypass)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_s3fifo_kernel_equals_step_by_step_driving(compiled):
+    """kernels._s3fifo, compiled and interpreted, against the S3FIFO class driven by SimCache: hits and
+    the final small, main and ghost queues and frequencies, from an empty policy and from one whose
+    queues and ghosts an earlier stretch filled, on trace-like, skewed and sparse keys."""
+    from workbench.arena.policies.kernels import have_numba, s3fifo_replay
+
+    if compiled and not have_numba():
+        pytest.skip("numba is not installed: the interpreted loop is the only one")
+    rng = np.random.default_rng(13)
+    for cap, keys in ((1, rng.integers(0, 12, 300)), (5, rng.integers(0, 40, 3000)), (20, rng.zipf(1.3, 4000) % 90),
+                      (9, rng.integers(-2**40, 2**40, 50)[rng.integers(0, 50, 2000)])):
+        for warm in (0, 1):
+            policy = make_policy("s3fifo", cap)
+            cache = SimCache(policy)
+            for k in keys[:200 * warm].tolist():  # queues, frequencies and ghosts to start from
+                cache.lookup(int(k))
+            small, main, ghost = list(policy._S), list(policy._M), list(policy._G)
+            freq = [policy._freq[k] for k in small + main]
+            slow = [cache.lookup(int(k)) for k in keys]
+            hits, S, M, G, fr = s3fifo_replay(keys, small, main, ghost, freq, cap, policy.small_cap, policy.ghost_cap,
+                                             policy.move_to_main, compiled=compiled)
+            assert hits.tolist() == slow
+            assert (S.tolist(), M.tolist(), G.tolist()) == (list(policy._S), list(policy._M), list(policy._G))
+            assert fr.tolist() == [policy._freq[k] for k in list(policy._S) + list(policy._M)]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_ds4_kernel_equals_step_by_step_driving(compiled):
+    """kernels._ds4, compiled and interpreted, against the DS4 class driven by SimCache with token ends:
+    hits, residents and their last uses, hotness (decayed every 4 tokens here), the clock and token
+    count, from an empty policy and from one an earlier stretch and a hotlist seeded, on trace-like,
+    skewed and sparse keys."""
+    from workbench.arena.policies.kernels import ds4_replay, have_numba
+
+    if compiled and not have_numba():
+        pytest.skip("numba is not installed: the interpreted loop is the only one")
+    rng = np.random.default_rng(17)
+    for cap, keys in ((1, rng.integers(0, 12, 300)), (5, rng.integers(0, 40, 3000)), (20, rng.zipf(1.3, 4000) % 90),
+                      (9, rng.integers(-2**40, 2**40, 50)[rng.integers(0, 50, 2000)])):
+        ends = rng.random(len(keys)) < 0.25
+        for warm in (0, 1):
+            policy = make_policy("ds4", cap, decay_every=4, hotlist=[int(k) for k in keys[:2] if k >= 0] if warm else None)
+            cache = SimCache(policy)
+            for k in keys[:150 * warm].tolist():
+                cache.lookup(int(k))
+                cache.tick()
+            resident, hot = list(policy._last), dict(policy.hot)
+            state = (resident, [policy._last[k] for k in resident], hot, cap, 4, policy._clock, policy._tokens)
+            slow = []
+            for k, e in zip(keys.tolist(), ends.tolist()):
+                slow.append(cache.lookup(int(k)))
+                if e:
+                    cache.tick()
+            hits, res, last, hot_after, clock, tokens = ds4_replay(keys, ends, *state, compiled=compiled)
+            assert hits.tolist() == slow and (clock, tokens) == (policy._clock, policy._tokens)
+            assert dict(zip(res.tolist(), last.tolist())) == policy._last
+            assert {k: v for k, v in hot_after.items()} == {k: v for k, v in policy.hot.items() if v or k in policy._last}
+
+
+@pytest.mark.parametrize("name", ["slru", "twohit"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_segments_kernel_equals_step_by_step_driving(name, compiled):
+    """kernels._segments, compiled and interpreted, against the SLRU and TwoHit classes driven by SimCache:
+    hits and both final lists (with TwoHit's reuse counts), from an empty policy and from one an earlier
+    stretch filled, on trace-like, skewed and sparse keys; SLRU also with no protected room."""
+    from workbench.arena.policies.kernels import have_numba, segments_replay
+
+    if compiled and not have_numba():
+        pytest.skip("numba is not installed: the interpreted loop is the only one")
+    rng = np.random.default_rng(19)
+    for cap, keys in ((1, rng.integers(0, 12, 300)), (5, rng.integers(0, 40, 3000)), (20, rng.zipf(1.3, 4000) % 90),
+                      (9, rng.integers(-2**40, 2**40, 50)[rng.integers(0, 50, 2000)])):
+        for warm, opts in ((0, {}), (1, {}), (1, {"protected": 0.0} if name == "slru" else {})):
+            policy = make_policy(name, cap, **opts)
+            cache = SimCache(policy)
+            for k in keys[:150 * warm].tolist():
+                cache.lookup(int(k))
+            a, b = (policy._prob, policy._prot) if name == "slru" else (policy._cold, policy._hot)
+            a, b, reuse = list(a), list(b), [0] * len(a) if name == "slru" else list(policy._cold.values())
+            slow = [cache.lookup(int(k)) for k in keys]
+            hits, got_a, got_reuse, got_b = segments_replay(keys, a, b, reuse, cap, twohit=name == "twohit",
+                                                            pcap=getattr(policy, "protected_cap", 0), compiled=compiled)
+            assert hits.tolist() == slow
+            if name == "slru":
+                assert (got_a.tolist(), got_b.tolist()) == (list(policy._prob), list(policy._prot))
+            else:
+                assert dict(zip(got_a.tolist(), got_reuse.tolist())) == dict(policy._cold)
+                assert (got_a.tolist(), got_b.tolist()) == (list(policy._cold), list(policy._hot))

@@ -1,9 +1,6 @@
-import heapq
-
-import numpy as np
-
 from .base import Policy, _token_ends, register
 from .hotlist import load_hotlist
+from .kernels import ds4_replay
 
 
 @register
@@ -58,36 +55,11 @@ class DS4(Policy):
         return list(self._hotlist)
 
     def replay(self, keys, token_end=None):
-        """Demand-only replay with a lazy heap (same result as ``Policy.replay``)."""
+        """Demand-only replay (same result as ``Policy.replay``; ``kernels.ds4_replay``)."""
         ends = _token_ends(token_end, len(keys))
-        last = self._last
-        heap = [(self.hot.get(k, 0), t, k) for k, t in last.items()]
-        heapq.heapify(heap)
-        cap = self.capacity
-        out = bytearray(len(keys))
-        for i, k in enumerate(np.asarray(keys, dtype=np.int64).tolist()):
-            hot = self.hot
-            if k in last:
-                out[i] = 1
-            elif len(last) >= cap:
-                while True:
-                    h, t, v = heapq.heappop(heap)
-                    if last.get(v) == t and hot.get(v, 0) == h:
-                        del last[v]
-                        break
-            self._clock += 1
-            last[k] = self._clock
-            h = hot[k] = hot.get(k, 0) + 1
-            heapq.heappush(heap, (h, self._clock, k))
-            if ends is not None and ends[i]:
-                before = self._tokens
-                self.tick()
-                if self._tokens // self.decay_every != before // self.decay_every:
-                    hot = self.hot
-                    heap = [(hot.get(v, 0), t, v) for v, t in last.items()]
-                    heapq.heapify(heap)
-            if len(heap) > 4 * cap + 64:  # drop stale entries now and then
-                hot = self.hot
-                heap = [(hot.get(v, 0), t, v) for v, t in last.items()]
-                heapq.heapify(heap)
-        return np.frombuffer(bytes(out), dtype=np.bool_).copy()
+        resident = list(self._last)
+        hits, keys_now, last, self.hot, self._clock, self._tokens = ds4_replay(
+            keys, ends, resident, [self._last[k] for k in resident], self.hot, self.capacity, self.decay_every,
+            self._clock, self._tokens)
+        self._last = dict(zip(keys_now.tolist(), last.tolist()))
+        return hits

@@ -1,8 +1,9 @@
-"""Compiled replay loops (numba): the recency list (LRU, FIFO), LFU's frequency buckets and Belady's MIN.
+"""Compiled replay loops (numba): the recency list (LRU, FIFO), LFU's frequency buckets, S3-FIFO's
+queues, ds4's hotness heap, the two-segment lists (SLRU, TwoHit) and Belady's MIN.
 
-One implementation of each rule: ``_recency``, ``_lfu`` and ``_belady`` are plain Python over the
-state they are given; numba compiles them (on numpy arrays) when it is installed and the replay is
-long enough to pay for importing numba and loading the cached compiled code (``JIT_MIN`` lookups,
+One implementation of each rule: ``_recency``, ``_lfu``, ``_s3fifo``, ``_ds4``, ``_segments`` and
+``_belady`` are plain Python over the state they are given; numba compiles them (on numpy arrays)
+when it is installed and the replay is long enough to pay for importing numba and loading the cached compiled code (``JIT_MIN`` lookups,
 counted over every replay of the process: a sweep worker's cells add up); else the same function runs
 interpreted on Python lists.
 Each is checked against step-by-step driving of the policy classes (or, for Belady, a brute-force
@@ -225,6 +226,24 @@ _COMPILED: dict = {}
 _replayed = 0  # lookups this process has replayed: once they reach JIT_MIN, loading numba has paid
 
 
+_HELPERS = {"_ds4": ("_sift",)}  # kernels -> the functions of this module they call (compiled with them)
+
+
+def _jit(fn):
+    """``fn`` compiled by numba (once per process; numba caches it on disk), calling its helpers compiled."""
+    kernel = _COMPILED.get(fn.__name__)
+    if kernel is None:
+        import types
+
+        import numba
+
+        helpers = {name: _jit(globals()[name]) for name in _HELPERS.get(fn.__name__, ())}
+        if helpers:
+            fn = types.FunctionType(fn.__code__, {**fn.__globals__, **helpers}, fn.__name__)
+        kernel = _COMPILED[fn.__name__] = numba.njit(cache=True, nogil=True)(fn)
+    return kernel
+
+
 def _call(fn, n_req: int, compiled, *args):
     """Run ``fn`` compiled (numba, on the numpy ``args``) or interpreted (on lists of them); returns
     (its return value, the arguments it filled, as numpy arrays)."""
@@ -233,12 +252,7 @@ def _call(fn, n_req: int, compiled, *args):
     if compiled is None:
         compiled = _replayed >= JIT_MIN
     if compiled and have_numba():
-        kernel = _COMPILED.get(fn.__name__)
-        if kernel is None:
-            import numba
-
-            kernel = _COMPILED[fn.__name__] = numba.njit(cache=True, nogil=True)(fn)
-        return kernel(*args), args
+        return _jit(fn)(*args), args
     lists = [a.tolist() if isinstance(a, np.ndarray) else a for a in args]
     out = fn(*lists)
     return out, [np.asarray(x, dtype=a.dtype) if isinstance(a, np.ndarray) else x for x, a in zip(lists, args)]
@@ -296,3 +310,295 @@ def belady_replay(keys, next_at, capacity: int, bypass: bool = False, compiled: 
                           np.zeros(min(int(capacity), n_ids) + 1, np.int64), np.full(n_ids, -1, np.int64),
                           np.zeros(n_ids, np.int64), np.zeros(n, np.bool_))
     return hits
+
+
+def _s3fifo(ids, sn, mn, gn, capacity, small_cap, ghost_cap, thr, sq, mq, gq, gpos, where, freq, hits):
+    """S3-FIFO (policies/s3fifo.py's rule) over dense ``ids``: a resident hit adds 1 to its 2-bit
+    frequency; a miss, when full, evicts one: from the small queue while it holds more than
+    ``small_cap`` (or the main queue is empty), whose oldest key moves to main at frequency 0 if it
+    reached ``thr``, else goes (to the ghost queue, which keeps ``ghost_cap``); otherwise from main,
+    whose oldest key goes back to its end one frequency lower, or goes at 0. The miss then enters main
+    if it was a ghost, else small, at frequency 0. In a replay keys leave small and main only at their
+    heads, so both are rings (``sq``, ``mq``: n_ids + 1, holding ``sn`` and ``mn`` keys from index 0 at
+    the start); a ghost hit leaves the ghost queue anywhere, so it is a list (``gq``: ``gn`` at the
+    start, plus one per request) whose live entries ``gpos`` marks (id -> its entry + 1, 0: no ghost).
+    ``where``: 0 out, 1 small, 2 main. Fills ``hits``; returns (small head, small size, main head, main
+    size, ghost head, ghost end)."""
+    R = len(sq)
+    sh = 0
+    mh = 0
+    gh = 0
+    gt = gn
+    for i in range(len(ids)):
+        x = ids[i]
+        if where[x] != 0:
+            hits[i] = 1
+            if freq[x] < 3:
+                freq[x] += 1
+            continue
+        if sn + mn >= capacity:
+            while True:
+                if sn > 0 and (sn > small_cap or mn == 0):
+                    y = sq[sh]
+                    sh = (sh + 1) % R
+                    sn -= 1
+                    if freq[y] >= thr:  # to main, at frequency 0
+                        mq[(mh + mn) % R] = y
+                        mn += 1
+                        where[y] = 2
+                        freq[y] = 0
+                        continue
+                    where[y] = 0  # the victim: to the ghost queue
+                    gq[gt] = y
+                    gt += 1
+                    gpos[y] = gt
+                    gn += 1
+                    while gn > ghost_cap:
+                        z = gq[gh]
+                        gh += 1
+                        if gpos[z] == gh:  # a live entry (a ghost hit left the others behind)
+                            gpos[z] = 0
+                            gn -= 1
+                    break
+                y = mq[mh]
+                mh = (mh + 1) % R
+                if freq[y] > 0:  # back to main's end, one lower
+                    freq[y] -= 1
+                    mq[(mh + mn - 1) % R] = y
+                    continue
+                mn -= 1
+                where[y] = 0
+                break
+        if gpos[x] > 0:  # a ghost: into main
+            gpos[x] = 0
+            gn -= 1
+            mq[(mh + mn) % R] = x
+            mn += 1
+            where[x] = 2
+        else:
+            sq[(sh + sn) % R] = x
+            sn += 1
+            where[x] = 1
+        freq[x] = 0
+    return sh, sn, mh, mn, gh, gt
+
+
+def s3fifo_replay(keys, small, main, ghost, freq, capacity: int, small_cap: int, ghost_cap: int, thr: int,
+                  compiled: bool | None = None):
+    """(hits, small, main, ghost, frequencies of small then main) after S3-FIFO over int ``keys`` from
+    the queues ``small``, ``main``, ``ghost`` (keys, oldest first) and ``freq`` (of small then main).
+    ``compiled`` as in ``recency_replay``."""
+    small, main, ghost = list(small), list(main), list(ghost)
+    dense, n_ids, uniq = _dense(keys, small + main + ghost)
+    a, b, c = len(small), len(small) + len(main), len(small) + len(main) + len(ghost)
+    n = len(dense) - c
+    sq, mq, gq = np.zeros(n_ids + 1, np.int64), np.zeros(n_ids + 1, np.int64), np.zeros(len(ghost) + n + 1, np.int64)
+    gpos, where, fr = np.zeros(n_ids, np.int64), np.zeros(n_ids, np.int8), np.zeros(n_ids, np.int64)
+    sq[:a], mq[:b - a], gq[:c - b] = dense[:a], dense[a:b], dense[b:c]  # the queues at the start
+    where[dense[:a]], where[dense[a:b]] = 1, 2
+    fr[dense[:b]] = np.asarray(freq, dtype=np.int64).reshape(b)
+    gpos[dense[b:c]] = np.arange(1, c - b + 1)
+    (sh, sn, mh, mn, gh, gt), (*_, sq, mq, gq, gpos, _, fr, hits) = _call(
+        _s3fifo, n, compiled, dense[c:], a, b - a, c - b, int(capacity), int(small_cap), int(ghost_cap), int(thr),
+        sq, mq, gq, gpos, where, fr, np.zeros(n, np.bool_))
+    R = n_ids + 1
+    s_ids = sq[(sh + np.arange(sn)) % R]
+    m_ids = mq[(mh + np.arange(mn)) % R]
+    g_ids = gq[gh:gt][gpos[gq[gh:gt]] == np.arange(gh, gt) + 1]
+    back = (lambda ids: ids) if uniq is None else (lambda ids: uniq[ids])
+    return hits, back(s_ids), back(m_ids), back(g_ids), fr[np.concatenate([s_ids, m_ids])]
+
+
+def _sift(hh, ht, hv, n, j):
+    """Sink entry ``j`` of a min-heap of (``hh``, ``ht``) pairs (ids ``hv``) of ``n`` entries into place."""
+    while True:
+        c = 2 * j + 1
+        if c >= n:
+            return
+        if c + 1 < n and (hh[c + 1] < hh[c] or (hh[c + 1] == hh[c] and ht[c + 1] < ht[c])):
+            c += 1
+        if hh[j] < hh[c] or (hh[j] == hh[c] and ht[j] < ht[c]):
+            return
+        hh[j], hh[c] = hh[c], hh[j]
+        ht[j], ht[c] = ht[c], ht[j]
+        hv[j], hv[c] = hv[c], hv[j]
+        j = c
+
+
+def _ds4(ids, ends, start, start_last, capacity, decay_every, clock, tokens, hot, last, hh, ht, hv, hits):
+    """ds4 (policies/ds4.py's rule) over dense ``ids``: every request adds 1 to its key's hotness
+    (``hot``, kept for evicted keys too) and makes it the most recent use; a miss, when full, evicts
+    the resident of lowest (hotness, last use); after every ``decay_every``-th token end (``ends``)
+    every hotness halves. ``start`` are resident at the start, last used at ``start_last``; ``clock``
+    and ``tokens`` go on from the policy's. A min-heap of (hotness, last use, id) entries (``hh``,
+    ``ht``, ``hv``: 4 * capacity + 2 + len(start) + 64) keeps stale ones until they surface or the heap
+    is rebuilt from the residents (after a decay, or when it fills). ``last``: n_ids of -1 (resident:
+    its last use). Fills ``hits``; returns (clock, tokens, the heap's size)."""
+    limit = len(hh) - 1
+    n = 0
+    count = 0
+    for j in range(len(start)):
+        last[start[j]] = start_last[j]
+        count += 1
+    rebuild = True
+    for i in range(len(ids) + 1):
+        if rebuild:  # the heap from the residents: (hotness, last use) ordered, sifted down
+            n = 0
+            for v in range(len(last)):
+                if last[v] >= 0:
+                    hh[n] = hot[v]
+                    ht[n] = last[v]
+                    hv[n] = v
+                    n += 1
+            for r in range(n // 2 - 1, -1, -1):
+                _sift(hh, ht, hv, n, r)
+            rebuild = False
+        if i == len(ids):
+            break
+        x = ids[i]
+        if last[x] >= 0:
+            hits[i] = 1
+        elif count >= capacity:
+            while True:  # pop the least entry; a current one is the victim
+                h, t, v = hh[0], ht[0], hv[0]
+                n -= 1
+                hh[0], ht[0], hv[0] = hh[n], ht[n], hv[n]
+                _sift(hh, ht, hv, n, 0)
+                if last[v] == t and hot[v] == h:
+                    last[v] = -1
+                    break
+        else:
+            count += 1
+        clock += 1
+        last[x] = clock
+        hot[x] += 1
+        j = n  # push (hotness, clock, x): it rises above parents that are greater
+        n += 1
+        while j > 0:
+            q = (j - 1) // 2
+            if hh[q] < hot[x] or (hh[q] == hot[x] and ht[q] < clock):
+                break
+            hh[j], ht[j], hv[j] = hh[q], ht[q], hv[q]
+            j = q
+        hh[j], ht[j], hv[j] = hot[x], clock, x
+        if ends[i]:
+            tokens += 1
+            if tokens % decay_every == 0:
+                for v in range(len(hot)):
+                    hot[v] >>= 1
+                rebuild = True
+        if n >= limit:
+            rebuild = True
+    return clock, tokens, n
+
+
+def ds4_replay(keys, ends, resident, last_use, hot: dict, capacity: int, decay_every: int, clock: int, tokens: int,
+               compiled: bool | None = None):
+    """(hits, residents as keys, their last uses, hotness as a dict, clock, tokens) after ds4 over int
+    ``keys`` (``ends``: token ends, or None) from ``resident`` keys last used at ``last_use`` and
+    hotness ``hot`` (key -> count). ``compiled`` as in ``recency_replay``."""
+    resident, known = list(resident), list(hot)
+    dense, n_ids, uniq = _dense(keys, resident + known)
+    m, k = len(resident), len(resident) + len(known)
+    n = len(dense) - k
+    heat = np.zeros(n_ids, np.int64)
+    heat[dense[m:k]] = np.asarray([hot[x] for x in known], dtype=np.int64)
+    ends = np.zeros(n, np.bool_) if ends is None else np.asarray(ends, dtype=np.bool_)
+    size = 4 * int(capacity) + m + 66
+    (clock, tokens, _), (*_, heat, last, _, _, _, hits) = _call(
+        _ds4, n, compiled, dense[k:], ends, dense[:m], np.asarray(last_use, dtype=np.int64).reshape(m), int(capacity),
+        int(decay_every), int(clock), int(tokens), heat, np.full(n_ids, -1, np.int64), np.zeros(size, np.int64),
+        np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(n, np.bool_))
+    res = np.flatnonzero(last >= 0)
+    seen = np.flatnonzero((heat > 0) | (last >= 0))
+    key = (lambda ids: ids) if uniq is None else (lambda ids: uniq[ids])
+    return (hits, key(res), last[res], dict(zip(key(seen).tolist(), heat[seen].tolist())), clock, tokens)
+
+
+def _segments(ids, start_a, start_b, start_reuse, capacity, twohit, pcap, nxt, prv, seg, reuse, hits):
+    """The two-segment rules over dense ``ids``: a probationary or cold list A (entry order) before a
+    protected or hot list B (LRU), victims from A's head first, then B's; a miss enters A's tail; a hit
+    in B moves to B's tail. SLRU (``twohit`` False, policies/slru.py): a hit in A moves to B's tail
+    (to A's tail when ``pcap`` is 0), and B over ``pcap`` gives its head back to A's tail. TwoHit
+    (policies/twohit.py): a hit in A counts a reuse, and the second moves it to B's tail. ``start_a``
+    (reuses ``start_reuse``) and ``start_b`` are the lists at the start, oldest first. Lists are
+    circular, linked through ``nxt`` and ``prv`` (n_ids + 2: the sentinels of A and B last); ``seg``:
+    0 out, 1 in A, 2 in B. Fills ``hits``; returns how many reside in A and in B."""
+    A = len(seg)
+    B = A + 1
+    nxt[A] = prv[A] = A
+    nxt[B] = prv[B] = B
+    size = [0, 0, 0]  # by segment (index 1: A, 2: B)
+    for j in range(len(start_a) + len(start_b) + len(ids)):
+        if j < len(start_a):
+            x, s = start_a[j], 1
+            reuse[x] = start_reuse[j]
+        elif j < len(start_a) + len(start_b):
+            x, s = start_b[j - len(start_a)], 2
+        else:
+            i = j - len(start_a) - len(start_b)
+            x = ids[i]
+            s = seg[x]
+            if s == 2:  # a hit in B: to B's tail
+                hits[i] = 1
+            elif s == 1:
+                hits[i] = 1
+                if twohit and reuse[x] == 0:
+                    reuse[x] = 1
+                    continue
+                if not twohit and pcap <= 0:
+                    s = 1  # to A's tail
+                else:
+                    s = 2
+            else:  # a miss: when full, A's head goes (B's when A is empty); x enters A
+                if size[1] + size[2] >= capacity:
+                    v = nxt[A] if size[1] > 0 else nxt[B]
+                    size[seg[v]] -= 1
+                    seg[v] = 0
+                    nxt[prv[v]] = nxt[v]
+                    prv[nxt[v]] = prv[v]
+                s = 1
+                reuse[x] = 0
+            if seg[x] != 0:  # unlink x from where it is
+                size[seg[x]] -= 1
+                nxt[prv[x]] = nxt[x]
+                prv[nxt[x]] = prv[x]
+        for _ in range(2):  # x to the tail of segment s; then, in SLRU, B's overflow to A's tail
+            h = A if s == 1 else B
+            p = prv[h]
+            nxt[p] = x
+            prv[x] = p
+            nxt[x] = h
+            prv[h] = x
+            seg[x] = s
+            size[s] += 1
+            if twohit or s != 2 or size[2] <= pcap or j < len(start_a) + len(start_b):
+                break
+            x, s = nxt[B], 1  # B's head, demoted
+            size[2] -= 1
+            nxt[prv[x]] = nxt[x]
+            prv[nxt[x]] = prv[x]
+    return size[1], size[2]
+
+
+def segments_replay(keys, a, b, a_reuse, capacity: int, twohit: bool, pcap: int = 0, compiled: bool | None = None):
+    """(hits, list A, reuses of A, list B) after SLRU (``twohit`` False; ``pcap``: its protected
+    capacity) or TwoHit over int ``keys`` from lists ``a`` (reuses ``a_reuse``) and ``b`` (keys, oldest
+    first). ``compiled`` as in ``recency_replay``."""
+    a, b = list(a), list(b)
+    dense, n_ids, uniq = _dense(keys, a + b)
+    m = len(a) + len(b)
+    n = len(dense) - m
+    (na, nb), (*_, nxt, _, _, reuse, hits) = _call(
+        _segments, n, compiled, dense[m:], dense[:len(a)], dense[len(a):m], np.asarray(a_reuse, np.int64).reshape(len(a)),
+        int(capacity), bool(twohit), int(pcap), np.zeros(n_ids + 2, np.int64), np.zeros(n_ids + 2, np.int64),
+        np.zeros(n_ids, np.int8), np.zeros(n_ids, np.int64), np.zeros(n, np.bool_))
+    lists = []
+    for head, count in ((n_ids, na), (n_ids + 1, nb)):
+        ids, x = [], int(nxt[head])
+        for _ in range(count):
+            ids.append(x)
+            x = int(nxt[x])
+        lists.append(np.asarray(ids, dtype=np.int64))
+    key = (lambda ids: ids) if uniq is None else (lambda ids: uniq[ids])
+    return hits, key(lists[0]), reuse[lists[0]], key(lists[1])

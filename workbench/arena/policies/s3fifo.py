@@ -1,8 +1,7 @@
 from collections import OrderedDict
 
-import numpy as np
-
 from .base import Policy, _token_ends, register
+from .kernels import s3fifo_replay
 
 
 @register
@@ -124,21 +123,14 @@ class S3FIFO(Policy):
         self._drop(victim)
 
     def replay(self, keys, token_end=None):
-        """Demand-only replay evicting in place (same result as ``Policy.replay``)."""
+        """Demand-only replay evicting in place (same result as ``Policy.replay``; ``kernels.s3fifo_replay``);
+        ticks are no-ops."""
         _token_ends(token_end, len(keys))
-        freq, cap = self._freq, self.capacity
-        out = bytearray(len(keys))
-        i = 0
-        for k in np.asarray(keys, dtype=np.int64).tolist():
-            f = freq.get(k)
-            if f is not None:
-                if f < 3:
-                    freq[k] = f + 1
-                out[i] = 1
-            else:
-                if len(freq) >= cap:
-                    self._evict_one()
-                self.admit(k)
-            i += 1
+        small, main = list(self._S), list(self._M)
+        hits, S, M, G, freq = s3fifo_replay(keys, small, main, list(self._G), [self._freq[k] for k in small + main],
+                                            self.capacity, self.small_cap, self.ghost_cap, self.move_to_main)
+        self._S, self._M, self._G = (OrderedDict.fromkeys(q.tolist()) for q in (S, M, G))
+        self._freq = dict(zip(S.tolist() + M.tolist(), freq.tolist()))
         self._version += 1
-        return np.frombuffer(bytes(out), dtype=np.bool_).copy()
+        self._yielded = (None, [])
+        return hits

@@ -1,8 +1,7 @@
 from collections import OrderedDict
 
-import numpy as np
-
 from .base import Policy, _token_ends, register
+from .kernels import segments_replay
 
 
 @register
@@ -55,29 +54,9 @@ class SLRU(Policy):
         return "protected" if key in self._prot else "probationary"
 
     def replay(self, keys, token_end=None):
-        """Fast demand-only replay (same result as ``Policy.replay``)."""
+        """Fast demand-only replay (same result as ``Policy.replay``; ``kernels.segments_replay``); ticks are no-ops."""
         _token_ends(token_end, len(keys))
-        prob, prot, pcap, cap = self._prob, self._prot, self.protected_cap, self.capacity
-        out = bytearray(len(keys))
-        for i, k in enumerate(np.asarray(keys, dtype=np.int64).tolist()):
-            if k in prot:
-                prot.move_to_end(k)
-                out[i] = 1
-            elif k in prob:
-                out[i] = 1
-                if pcap <= 0:
-                    prob.move_to_end(k)
-                    continue
-                del prob[k]
-                prot[k] = None
-                if len(prot) > pcap:
-                    old, _ = prot.popitem(last=False)
-                    prob[old] = None
-            else:
-                if len(prob) + len(prot) >= cap:
-                    if prob:
-                        prob.popitem(last=False)
-                    else:
-                        prot.popitem(last=False)
-                prob[k] = None
-        return np.frombuffer(bytes(out), dtype=np.bool_).copy()
+        hits, prob, _, prot = segments_replay(keys, list(self._prob), list(self._prot), [0] * len(self._prob),
+                                              self.capacity, twohit=False, pcap=self.protected_cap)
+        self._prob, self._prot = OrderedDict.fromkeys(prob.tolist()), OrderedDict.fromkeys(prot.tolist())
+        return hits

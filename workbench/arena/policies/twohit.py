@@ -1,8 +1,7 @@
 from collections import OrderedDict
 
-import numpy as np
-
 from .base import Policy, _token_ends, register
+from .kernels import segments_replay
 
 
 @register
@@ -56,26 +55,10 @@ class TwoHit(Policy):
         return 2 if key in self._hot else self._cold[key]
 
     def replay(self, keys, token_end=None):
-        """Fast demand-only replay (same result as ``Policy.replay``)."""
+        """Fast demand-only replay (same result as ``Policy.replay``; ``kernels.segments_replay``); ticks are no-ops."""
         _token_ends(token_end, len(keys))
-        cold, hot, cap = self._cold, self._hot, self.capacity
-        out = bytearray(len(keys))
-        for i, k in enumerate(np.asarray(keys, dtype=np.int64).tolist()):
-            if k in hot:
-                hot.move_to_end(k)
-                out[i] = 1
-            elif k in cold:
-                out[i] = 1
-                if cold[k] >= 1:
-                    del cold[k]
-                    hot[k] = None
-                else:
-                    cold[k] = 1
-            else:
-                if len(cold) + len(hot) >= cap:
-                    if cold:
-                        cold.popitem(last=False)
-                    else:
-                        hot.popitem(last=False)
-                cold[k] = 0
-        return np.frombuffer(bytes(out), dtype=np.bool_).copy()
+        hits, cold, reuse, hot = segments_replay(keys, list(self._cold), list(self._hot), list(self._cold.values()),
+                                                 self.capacity, twohit=True)
+        self._cold = OrderedDict(zip(cold.tolist(), reuse.tolist()))
+        self._hot = OrderedDict.fromkeys(hot.tolist())
+        return hits
