@@ -193,8 +193,8 @@ def test_summary_line_as_mlx_lm_prints_it(capsys):
     assert "tokens/s" not in out.split("Peak memory: ")[1]  # one tokens/s figure: mlx-lm's
 
 
-TEMPLATE = ("{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<<assistant>>{% endif %}")
+TEMPLATE = ("{% if note %}<<note>>{{ note }}\n{% endif %}{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n"
+            "{% endfor %}{% if add_generation_prompt %}<<assistant>>{% endif %}")  # note: a --chat-template-config key
 
 
 @pytest.fixture(scope="module")
@@ -241,6 +241,21 @@ def test_cli_run_applies_the_chat_template(chat_model, capsys):
     assert main(["run", str(store), "-p", "hello", "--ignore-chat-template", "--max-tokens", "2", "--json"]) == 0
     raw = json.loads(capsys.readouterr().out)
     assert raw["config"]["chat_template"] is False and raw["config"]["prompt_tokens"] == len(tok.encode("hello"))
+
+
+def test_cli_run_passes_the_chat_template_config(chat_model, capsys):
+    """``--chat-template-config`` reaches the template (as mlx_lm generate passes it); one that is not a
+    JSON object is refused before anything runs (exit 2, one line naming the flag)."""
+    from mlx_lm.utils import load_tokenizer
+
+    _, store = chat_model
+    ids = gen.build_prompt(load_tokenizer(store), "hello", template_kwargs={"note": "brief"})
+    assert main(["run", str(store), "-p", "hello", "--chat-template-config", '{"note": "brief"}', "--max-tokens", "2",
+                 "--arena", "0.25", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["prompt_tokens"] == len(ids)
+    assert main(["run", str(store), "-p", "hello", "--chat-template-config", "[1]", "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--chat-template-config wants a JSON object" in err and "Traceback" not in err
 
 
 def fake_hf_cache(root, repo, model_dir):

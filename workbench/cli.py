@@ -289,9 +289,10 @@ def check_run_flags(args) -> dict:
     return kw
 
 
-def prompt_ids(args, eng, tok):
+def prompt_ids(args, eng, tok, template_kwargs):
     """The prompt's ids and whether the chat template built them: ``--prompt-ids`` as they are,
-    else the prompt text (mlx-lm's default ``hello`` when neither is given)."""
+    else the prompt text (mlx-lm's default ``hello`` when neither is given), through the chat
+    template with ``template_kwargs`` (``--chat-template-config``)."""
     from . import generate as gen
 
     if args.prompt_ids is not None:
@@ -300,8 +301,7 @@ def prompt_ids(args, eng, tok):
         raise ValueError(f"{eng.root} has no tokenizer; pass token ids (--prompt-ids) instead of text")
     text = gen.DEFAULT_PROMPT if args.prompt is None else args.prompt
     text = text if args.raw_prompt else gen.read_prompt(text)
-    kwargs = gen.chat_template_config(args.chat_template_config)
-    ids = gen.build_prompt(tok, text, args.system_prompt, args.ignore_chat_template, kwargs)
+    ids = gen.build_prompt(tok, text, args.system_prompt, args.ignore_chat_template, template_kwargs)
     return eng.encode(ids), gen.uses_chat_template(tok, args.ignore_chat_template)
 
 
@@ -323,7 +323,7 @@ def run_and_print(args):
         raise ValueError(f"two models given ({args.model} and --model {args.model_flag}); give one")
     if args.draft_model and args.trace:
         raise ValueError("--draft-model runs without --trace; drop one of them")
-    gen.chat_template_config(args.chat_template_config)  # checked before anything is packed
+    template_kwargs = gen.chat_template_config(args.chat_template_config)  # checked before anything is packed
     sampler = gen.make_sampler(args.temp, args.top_p, args.min_p, args.top_k)
     talk = args.verbose and not args.json  # progress bars and the streamed text
     kw = check_run_flags(args)
@@ -332,7 +332,7 @@ def run_and_print(args):
     with open_engine(args, talk, kw) as eng:
         draft = gen.load_draft_model(args.draft_model) if args.draft_model else None
         tok = gen.tokenizer_of(eng)
-        ids, chat = prompt_ids(args, eng, tok)
+        ids, chat = prompt_ids(args, eng, tok, template_kwargs)
         eos = gen.eos_ids(tok, eng.config, args.extra_eos_token)
         stream = gen.TextStream(tok, eos) if talk and tok is not None else None
         gen.check_context(eng.config, len(ids))  # before prefill

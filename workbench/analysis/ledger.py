@@ -35,6 +35,7 @@ as a plain table. Every note and verdict is computed.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -78,6 +79,13 @@ class Measurement:
     quantity: str = ""  # "" the claim's own; e.g. "lift over chance", "paired difference"
     regime: float | None = None  # our value of Claim.regime's quantity
     reason: str = ""  # a verdict-forcing reason (e.g. the machine was busy: not measurable here)
+
+    @functools.cached_property
+    def prediction(self) -> tuple[float, float]:
+        """Our 95% prediction interval for one prompt (NaNs below two per-prompt values)."""
+        from .uncertainty import prediction_interval
+
+        return prediction_interval(self.per_unit)
 
     @classmethod
     def of(cls, x, method: str = "") -> "Measurement":
@@ -305,10 +313,7 @@ def _range(seed):
 def _interval(claim: Claim, m: Measurement) -> tuple[float, float, str]:
     """The interval the level rule compares with, and its name."""
     if claim.single and len(m.per_unit) >= 2:
-        from .uncertainty import prediction_interval
-
-        lo, hi = prediction_interval(m.per_unit)
-        return lo, hi, "our 95% prediction interval for one prompt"
+        return (*m.prediction, "our 95% prediction interval for one prompt")
     return m.low, m.high, "our 95% interval"
 
 
@@ -370,8 +375,6 @@ def rule_text(claim: Claim, m: Measurement | None = None) -> str:
 
 def build_ledger(measured: Mapping[str, object] | None = None, model: str = "") -> pd.DataFrame:
     """One row per (claim, measurement): the columns of ``COLUMNS``."""
-    from .uncertainty import prediction_interval
-
     measured = dict(measured or {})
     unknown = set(measured) - set(CLAIM_IDS)
     if unknown:
@@ -390,7 +393,7 @@ def build_ledger(measured: Mapping[str, object] | None = None, model: str = "") 
         for m, note in pairs:
             seed = c.seed if m.seed is None else m.seed
             lo_s, hi_s = _range(seed) if seed is not None else (np.nan, np.nan)
-            pi = prediction_interval(m.per_unit) if len(m.per_unit) >= 2 else (np.nan, np.nan)
+            pi = m.prediction
             v, why = judge(c, m)
             rows.append(dict(id=c.id, doc=c.doc, area=c.area, claim=c.what, quantity=m.quantity or "as claimed",
                              seed=(lo_s + hi_s) / 2, seed_low=lo_s, seed_high=hi_s, ours=m.value, low=m.low,
