@@ -346,8 +346,8 @@ def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monk
     model_dir, store = tiny("qwen3_moe", 4, layers=4)
     prompt = [int(t) for t in np.random.default_rng(3).integers(1, 128, 40)]
     ref, _ = resident_greedy(model_dir, prompt, 6)
-    unsynced, real = [], passes.SyncPass._unsynced
-    monkeypatch.setattr(passes.SyncPass, "_unsynced", lambda self, layer, *a: unsynced.append(layer) or real(self, layer, *a))
+    unsynced, real = [], passes.BatchPass._unsynced
+    monkeypatch.setattr(passes.BatchPass, "_unsynced", lambda self, layer, *a: unsynced.append(layer) or real(self, layer, *a))
     runs = []
     for listen in (False, True):
         with Engine(store, arena=ArenaConfig("0.75", writes=writes), decode="layer", progress=False) as eng:

@@ -21,7 +21,7 @@ A batch long enough to route to most of a layer's experts (``reads_next_layer``)
 MoE layer's experts speculatively at ``end``, while this layer computes: each read at most once,
 claimed (or dropped to limbo) at that layer; and where the arena has room for the whole layer it
 claims every expert of it (``whole_layer``), so the engine can claim it before the route is known
-(no sync per layer: ``passes.SyncPass``).
+(no sync per layer: ``passes.BatchPass``).
 ``preload`` fills the arena before a run's first claim.
 """
 
@@ -65,20 +65,17 @@ class Claims:
         self.ahead, self.settle_at_end = None, False
         if ids.size == self.top_k:  # one token: its top-k ids are distinct already
             return [sorted(ids.reshape(-1).tolist())]  # a list: numpy's first call after a sync is slow
-        whole = self.whole_layer(layer, ids.size // self.top_k)
+        whole = self.whole_layer(layer, ids.size // self.top_k)  # also: whether it reads the next layer ahead
         if whole is not None:
             self.note_route(layer, ids)
             return whole
         wanted, counts = np.unique(ids, return_counts=True)
         arena = self.arena
-        if reads_next_layer(ids.size // self.top_k, self.top_k, arena.E, arena.n_slots):
-            self.ahead = self.next_layer.get(layer)
-            self.settle_at_end = self.ahead is None
         room = arena.n_slots - len(arena.spec) - len(arena.limbo)
         if ids.size // self.top_k > PREFILL_TOKENS:  # layer-ranked streaming, hottest first
             room = min(room, prefill_cap(layer))
             order = [int(e) for _, e in sorted(zip(-counts, wanted))]
-            self.prompt_hot.extend((int(n), layer, int(e)) for n, e in zip(counts, wanted))
+            self.note_route(layer, ids, (wanted, counts))
         elif len(wanted) > room:  # resident experts first, then the misses
             order = sorted(wanted.tolist(), key=lambda e: (not arena.map.is_mapped(layer, e), e))
         else:
@@ -91,22 +88,22 @@ class Claims:
         every expert of ``layer`` in one wave, whatever its route (which then need not be known
         first), where the arena has room for it and the next layer read ahead: that wave, else None.
         Shorter batches claim what they route to: a 64-token prompt's whole layers would evict the
-        experts decode uses (wide model, 25%: 94.9% decode hits against 97.7%; bench/RESULTS.md)."""
+        experts decode uses (wide model, 25%: 94.9% decode hits against 97.7%; bench/RESULTS.md).
+        Sets which layer ``end`` reads ahead (``reads_next_layer``), for any batch."""
         arena = self.arena
-        self.ahead, self.settle_at_end = None, False
-        if (n_tokens <= PREFILL_TOKENS or n_tokens * self.top_k < WHOLE_PICKS * arena.E
-                or not reads_next_layer(n_tokens, self.top_k, arena.E, arena.n_slots)):
+        reads = reads_next_layer(n_tokens, self.top_k, arena.E, arena.n_slots)
+        self.ahead = self.next_layer.get(layer) if reads else None
+        self.settle_at_end = reads and self.ahead is None
+        if (not reads or n_tokens <= PREFILL_TOKENS or n_tokens * self.top_k < WHOLE_PICKS * arena.E
+                or min(arena.n_slots - len(arena.spec) - len(arena.limbo), prefill_cap(layer)) < arena.E):
             return None
-        if min(arena.n_slots - len(arena.spec) - len(arena.limbo), prefill_cap(layer)) < arena.E:
-            return None
-        self.ahead = self.next_layer.get(layer)
-        self.settle_at_end = self.ahead is None
         return [np.arange(arena.E)]
 
-    def note_route(self, layer: int, ids: np.ndarray) -> None:
+    def note_route(self, layer: int, ids: np.ndarray, unique=None) -> None:
         """A long batch's route at ``layer`` (known at its claim, or read after a whole-layer claim):
-        how often it used each expert, for ``protect_prompt_hot``."""
-        wanted, counts = np.unique(ids, return_counts=True)
+        how often it used each expert, for ``protect_prompt_hot``; ``unique``: ``np.unique(ids,
+        return_counts=True)`` where the caller has it."""
+        wanted, counts = np.unique(ids, return_counts=True) if unique is None else unique
         self.prompt_hot.extend((int(n), layer, int(e)) for n, e in zip(counts, wanted))
 
     def claim(self, layer: int, wanted) -> np.ndarray:

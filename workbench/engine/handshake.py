@@ -164,10 +164,13 @@ class HandshakeError(RuntimeError):
     """The device did not reach a layer's handshake in time, or computed on other slots than its claim."""
 
 
-def _check(layer, used, slots) -> None:
-    if list(slots) != list(used):
-        raise HandshakeError(f"MoE layer {layer} computed on slots {list(used)} through the table, and its claim "
-                             f"gave {list(slots)}: the table changed while the token ran")
+def check_used(layers, used, slots) -> None:
+    """MoE ``layers`` passed through on the table, computing on ``used`` (one row each); their claims
+    give ``slots``: the same, or the engine stops."""
+    used, slots = np.asarray(used), np.asarray(slots)
+    if not np.array_equal(used, slots):
+        raise HandshakeError(f"MoE layers {list(layers)} computed on slots {used.tolist()} through the table, and "
+                             f"their claims give {slots.tolist()}: the table changed while the token ran")
 
 
 class Flight:
@@ -349,7 +352,7 @@ class Handshake:
                 if settle is not None:
                     passed.append((layer, ids, used))
                 else:
-                    _check(layer, used, claim(layer, ids, self._extra(f, layer, off)))
+                    check_used([layer], [used], [claim(layer, ids, self._extra(f, layer, off))])
                 continue
             self._settle(passed, settle)
             f.answers[layer] = slots = claim(layer, ids, self._extra(f, layer, off))

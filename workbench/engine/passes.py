@@ -5,7 +5,9 @@ is running (``Engine.using``) and to nothing else. A token's pass is made and st
 ``Run`` (``run.py``), then finished:
 
   SyncPass        per-layer decode: a host sync per MoE layer learns the ids, the arena claims
-                  them (prefill and long batches in waves), the experts compute on their slots
+                  them (long batches in waves), the experts compute on their slots
+  BatchPass       a batch (prefill, verify, score): ``SyncPass``, or layers claimed whole with no
+                  sync on their ids
   HandshakePass   per-layer decode with no sync, on CUDA: each layer's ids reach the host through
                   a mailbox and the slot ids go back in the device's stream (``handshake.py``)
   ResumePass      a token the handshake gave up, computed again from the layer it gave up at
@@ -23,6 +25,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from .handshake import check_used
 from .optimistic import Rewind, can_rewind, first_miss
 
 
@@ -74,22 +77,10 @@ class Pass:
 
 
 class SyncPass(Pass):
-    """Per-layer decode: sync on the ids, claim, compute (in waves where the batch needs them). A
-    long batch whose layers are claimed whole (``Claims.whole_layer``) does not wait for its ids
-    where nothing on the host needs them while the pass runs (no planner, no cache-aware routing, no
-    hook listening): the host claims layer after layer while the device computes, waiting only for
-    the layer before to be computed before the slots change owner, and reads the route once, at the
-    end (``finish_batch``)."""
-
-    unsynced = None  # the last layer claimed without a sync: its experts' output
-    routes = ()  # (MoE layer, ids on the device) of the layers claimed without a sync
+    """Per-layer decode: sync on the ids, claim, compute (in waves where the batch needs them)."""
 
     def experts(self, layer, inner, x, indices):
         run = self.run
-        if run.planner is None and run.router is None and not run.engine.hooks.active:
-            waves = run.claims.whole_layer(layer, indices.size // run.engine.top_k)
-            if waves is not None:
-                return self._unsynced(layer, inner, x, indices, waves[0])
         c = run.counters.row(run.step, layer)
         target, z = run.predict(layer, self)
         t0 = time.perf_counter_ns()
@@ -121,35 +112,6 @@ class SyncPass(Pass):
             c["compute_ns"] += time.perf_counter_ns() - t0
         return y
 
-    def _unsynced(self, layer, inner, x, indices, wave):
-        """A layer claimed whole before its route is known: its attention and router start behind the
-        layer before, whose experts are waited for (their slots may change owner in this claim)."""
-        run = self.run
-        c = run.counters.row(run.step, layer)
-        t0 = time.perf_counter_ns()
-        mx.async_eval(indices)
-        if self.unsynced is not None:
-            mx.eval(self.unsynced)
-        c["compute_ns"] += time.perf_counter_ns() - t0
-        self.routes = [*self.routes, (layer, indices)]
-        table = run.claims.claim(layer, wave)
-        y = inner(x, mx.take(run.arena.slots.landed(table), indices))
-        mx.async_eval(y)
-        self.unsynced = y
-        run.claims.end()  # the next layer read ahead while these slots are pinned
-        return y
-
-    def finish_batch(self) -> None:
-        """After a batch's pass: its layers claimed without a sync are computed, and their route is
-        read (one transfer) for ``Claims.protect_prompt_hot``."""
-        if self.unsynced is None:
-            return
-        mx.eval(self.unsynced)
-        self.unsynced = None
-        for (layer, _), ids in zip(self.routes, np.array(mx.stack([i for _, i in self.routes]))):
-            self.run.claims.note_route(layer, ids)
-        self.routes = ()
-
     def start(self, y):
         """Build the token's graph (claiming layer by layer) and read the token: one transfer."""
         run = self.run
@@ -165,6 +127,55 @@ class SyncPass(Pass):
             run.check_finite(self.out)
         run.controller.observe(run.layers_missed())
         return self.out, self.next, int(self.host[0])
+
+
+class BatchPass(SyncPass):
+    """A batch of tokens (prefill, a verify or score pass) in one per-layer pass. A layer claimed
+    whole (``Claims.whole_layer``) does not wait for its ids where nothing on the host needs them
+    while the pass runs (no planner, no cache-aware routing, no hook listening): the host claims
+    layer after layer while the device computes, waiting only for the layer before to be computed
+    before the slots change owner, and reads the route once, at the end (``close``)."""
+
+    def __init__(self, run, step):
+        super().__init__(run, step)
+        self.quiet = run.planner is None and run.router is None and not run.engine.hooks.active
+        self.unsynced = None  # the last layer claimed without a sync: its experts' output
+        self.routes = []  # (MoE layer, ids on the device) of the layers claimed without a sync
+
+    def experts(self, layer, inner, x, indices):
+        waves = self.run.claims.whole_layer(layer, indices.size // self.run.engine.top_k) if self.quiet else None
+        if waves is None:
+            return super().experts(layer, inner, x, indices)
+        return self._unsynced(layer, inner, x, indices, waves[0])
+
+    def _unsynced(self, layer, inner, x, indices, wave):
+        """A layer claimed whole before its route is known: its attention and router start behind the
+        layer before, whose experts are waited for (their slots may change owner in this claim)."""
+        run = self.run
+        c = run.counters.row(run.step, layer)
+        t0 = time.perf_counter_ns()
+        mx.async_eval(indices)
+        if self.unsynced is not None:
+            mx.eval(self.unsynced)
+        c["compute_ns"] += time.perf_counter_ns() - t0
+        self.routes.append((layer, indices))
+        table = run.claims.claim(layer, wave)
+        y = inner(x, mx.take(run.arena.slots.landed(table), indices))
+        mx.async_eval(y)
+        self.unsynced = y
+        run.claims.end()  # the next layer read ahead while these slots are pinned
+        return y
+
+    def close(self) -> None:
+        """After the pass: its layers claimed without a sync are computed, and their route is read
+        (one transfer) for ``Claims.protect_prompt_hot``."""
+        if self.unsynced is None:
+            return
+        mx.eval(self.unsynced)
+        self.unsynced = None
+        for (layer, _), ids in zip(self.routes, np.array(mx.stack([i for _, i in self.routes]))):
+            self.run.claims.note_route(layer, ids)
+        self.routes = []
 
 
 class HandshakePass(SyncPass):
@@ -245,10 +256,7 @@ class HandshakePass(SyncPass):
     def settle(self, layers, ids, used) -> None:
         """Layers that passed through on the table (all hits), claimed in one go: they computed on
         the slots the table gives now (nothing changed it since: only a miss's answer does)."""
-        table = self.run.arena.lut[np.asarray(layers)[:, None], ids]
-        if not np.array_equal(table, used):
-            raise EngineError(f"MoE layers {layers} computed on slots {used.tolist()} through the table, which now "
-                              f"gives {table.tolist()}: the table changed while the token ran")
+        check_used(layers, used, self.run.arena.lut[np.asarray(layers)[:, None], ids])
         self.run.claims.settle(layers, ids)
 
     def answer(self, layer, ids, z) -> list:

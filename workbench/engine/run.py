@@ -20,7 +20,7 @@ import numpy as np
 from ..arena.claims import Claims
 from ..arena.counters import Counters, summarize
 from .optimistic import Controller, can_rewind
-from .passes import EngineError, HandshakePass, OptimisticPass, Pass, SyncPass, logit_sum
+from .passes import BatchPass, EngineError, HandshakePass, OptimisticPass, Pass, SyncPass, logit_sum
 
 
 @dataclass
@@ -137,9 +137,9 @@ class Run:
         default, as mlx-lm), step 0; ``protect``: keep the prompt's hottest experts hottest afterwards."""
         self.begin_step(0, "prefill")
         for i in range(0, len(x), self.kv.prefill_step):
-            p = SyncPass(self, 0)
+            p = BatchPass(self, 0)
             self.call(p, x[i:i + self.kv.prefill_step][None])
-            p.finish_batch()
+            p.close()
             self.kv.quantize(self.cache)
             mx.eval([c.state for c in self.cache])
         if protect:
@@ -148,9 +148,9 @@ class Run:
     def batch(self, tokens, step, phase):
         """A batch of tokens in one per-layer pass, bookkept as ``step`` of ``phase``: its logits."""
         self.begin_step(step, phase)
-        p = SyncPass(self, step)
+        p = BatchPass(self, step)
         logits = self.call(p, mx.array(tokens, mx.uint32)[None])
-        p.finish_batch()
+        p.close()
         return logits
 
     def close(self) -> None:
