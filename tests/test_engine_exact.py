@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from mlx.utils import tree_flatten
+
 from conftest import TOL, WRITES, resident_greedy
 from workbench.config import ArenaConfig, IOConfig
 from workbench.engine.engine import Engine
@@ -335,12 +337,13 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
         assert gave.stats["handshake_tokens"] == 7 and gave.stats["recomputes"] == 7  # from the second decode step
 
 
-@pytest.mark.parametrize("writes", WRITES)
+@pytest.mark.parametrize("writes", (*WRITES, "copied"))
 def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monkeypatch):
     """A prompt long enough to read the next layer ahead, in an arena with room for two layers: each
     layer is claimed whole (every expert) before its route is known, with no sync on the ids; the
     tokens equal resident mlx-lm's, and the residency, counters and prompt-hot order equal the run
-    whose listening hook makes it sync per layer (the same claims)."""
+    whose listening hook makes it sync per layer (the same claims). "copied": direct slots taken
+    for slots the device reads over the bus, so each whole layer computes on a copy of its slots."""
     import workbench.engine.passes as passes
 
     model_dir, store = tiny("qwen3_moe", 4, layers=4)
@@ -350,17 +353,26 @@ def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monk
     monkeypatch.setattr(passes.BatchPass, "_unsynced", lambda self, layer, *a: unsynced.append(layer) or real(self, layer, *a))
     runs = []
     for listen in (False, True):
-        with Engine(store, arena=ArenaConfig("0.75", writes=writes), decode="layer", progress=False) as eng:
+        with Engine(store, arena=ArenaConfig("0.75", writes="direct" if writes == "copied" else writes),
+                    decode="layer", progress=False) as eng:
+            if writes == "copied":
+                monkeypatch.setattr(eng.arena.slots, "on_device", False)
             if listen:
                 eng.hooks.add("token.end", lambda *a, **k: None)
             before = len(unsynced)
             res = eng.generate(prompt, max_tokens=6)
             order = list(eng.arena.policy.order())
+            copied = sorted(eng.copies.views)
             runs.append((res, len(unsynced) - before, order, eng.m))
+            if writes == "copied":  # each layer of the quiet prefill on a copy, given back once built
+                assert copied == ([] if listen else eng.m.moe_layers)
+                for view in eng.copies.views.values():
+                    assert all(any(a is b for b in eng.arena.tensors.values()) for _, a in tree_flatten(view.parameters()))
     (quiet, n_quiet, order_quiet, m), (synced, n_synced, order_synced, _) = runs
     assert n_quiet == len(m.moe_layers) and n_synced == 0  # every layer of the prefill, and only there
     for res in (quiet, synced):
         assert res.tokens == ref
+    np.testing.assert_allclose(quiet.logprobs, synced.logprobs, atol=TOL)
     assert quiet.stats["residency_hash"] == synced.stats["residency_hash"] and order_quiet == order_synced
     pre, timed = quiet.stats["prefill"], ("compute_s", "io_wait_s", "prefetch", "prefetch_bytes")
     assert {k: v for k, v in pre.items() if k not in timed} == {k: v for k, v in synced.stats["prefill"].items()

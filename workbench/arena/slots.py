@@ -77,10 +77,12 @@ def _zeros(manifest, n_slots) -> dict:
 class Slots:
     """The interface; on its own, no memory (``NoSlots``). ``tensors``: name -> [n_slots + 1, ...]
     MLX arrays (empty without memory). ``in_place``: a read lands in the slot's memory itself, so a
-    slot is ready once its read is done (no landing after the claim)."""
+    slot is ready once its read is done (no landing after the claim). ``on_device``: the device
+    reads the slots from its own memory (False: over the bus, so a long batch computes on a copy)."""
 
     name = "none"
     in_place = False
+    on_device = True
 
     def __init__(self, manifest, n_slots: int):
         self.tensors: dict = {}
@@ -153,6 +155,7 @@ class MappedSlots(DirectSlots):
     the GPU once closed or gone, before MLX reuses the memory."""
 
     name = "mapped"
+    on_device = False
 
     def __init__(self, manifest, n_slots: int):
         tensors = _zeros(manifest, n_slots)

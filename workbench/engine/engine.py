@@ -33,7 +33,7 @@ from ..sizes import arena_slots
 from ..store.cache import resolve_store
 from ..store.manifest import RESIDENT, Manifest, StoreError
 from ..store.reader import BlobReader
-from .frozen import fast_model, frozen_views
+from .frozen import DeviceCopies, fast_model, frozen_views
 from .handshake import Handshake
 from .passes import EngineError, reseed  # noqa: F401  (their home is passes.py; imported from here too)
 from .run import Result, Run
@@ -128,6 +128,7 @@ class Engine(SpeculativeMixin):
         preload(self.arena, arena.preload)  # the policy's warm keys; every expert for a full arena
         self.views = frozen_views(self)  # a full arena: each layer's experts on views of its slots
         self.fast = fast_model(self) if self.views else None  # and mlx-lm's own model computing on them
+        self.copies = DeviceCopies(self)  # long batches on slots the device reads over the bus
         self._tokenizer = None
         # the cache-aware router (None: exact) and the read-ahead planner (None: no read-ahead)
         self.ahead_config, self.router, self.planner = configure(self, ahead)

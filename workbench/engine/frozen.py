@@ -1,7 +1,12 @@
-"""A frozen arena's fast path. Once every routed expert is published nothing is ever evicted, so
+"""Expert modules computing on other arrays than the arena's slot tensors.
+
+A frozen arena's fast path: once every routed expert is published nothing is ever evicted, so
 residency is frozen: optimistic tokens compute each layer's experts on views of its slots with the
 router's own ids (no table lookup, no miss to verify), and, while nothing listens, run mlx-lm's
-own model with those views as its experts (no probe, no hook point)."""
+own model with those views as its experts (no probe, no hook point).
+
+A long batch on slots the device reads over the bus (``mapped``): its layer claimed whole computes
+on one device copy of the layer's slots (``DeviceCopies``), not on the host's memory once per use."""
 
 from __future__ import annotations
 
@@ -28,13 +33,41 @@ def frozen_views(engine) -> dict:
         first = int(row[0])
         if not np.array_equal(row, first + np.arange(engine.m.n_experts)):
             return {}
-        shared = {id(a): a for _, a in tree_flatten(inner.parameters())}  # the copy shares every array...
-        view = copy.deepcopy(inner, shared)
-        view.update(tree_unflatten([(t.name, engine.arena.tensors[t.name][first:first + engine.m.n_experts])
-                                    for t in engine.m.tensors]))  # ...but computes on its layer's slots
-        views[layer] = view
+        views[layer] = computing_on(inner, {name: a[first:first + engine.m.n_experts]
+                                            for name, a in engine.arena.tensors.items()})
     mx.eval([a for v in views.values() for _, a in tree_flatten(v.parameters())])
     return views
+
+
+def computing_on(inner, tensors: dict):
+    """A copy of expert module ``inner`` sharing every array, but computing on ``tensors`` (name ->
+    [experts, ...]) as its expert weights."""
+    shared = {id(a): a for _, a in tree_flatten(inner.parameters())}
+    view = copy.deepcopy(inner, shared)
+    view.update(tree_unflatten(list(tensors.items())))
+    return view
+
+
+class DeviceCopies:
+    """Each layer's expert module computing on a device copy of slots ``ids`` (one per expert, in
+    id order): for a long batch on slot memory the device reads over the bus, where a batch's
+    matmuls would read each expert from the host many times. One copy of the layer (its experts'
+    bytes, once) instead; ``after`` lets the copy go once the layer's compute is built."""
+
+    def __init__(self, engine):
+        self.engine, self.views = engine, {}
+
+    def __call__(self, layer, ids: mx.array):
+        tensors = self.engine.arena.tensors
+        view = self.views.get(layer)
+        if view is None:
+            view = self.views[layer] = computing_on(self.engine.inners[layer], tensors)
+        view.update(tree_unflatten([(name, mx.take(a, ids, axis=0)) for name, a in tensors.items()]))
+        return view
+
+    def after(self, layer) -> None:
+        """The layer's compute is built: the view gives its copy back (the graph holds it until computed)."""
+        self.views[layer].update(tree_unflatten(list(self.engine.arena.tensors.items())))
 
 
 def fast_model(engine):

@@ -159,8 +159,12 @@ class BatchPass(SyncPass):
             mx.eval(self.unsynced)
         c["compute_ns"] += time.perf_counter_ns() - t0
         self.routes.append((layer, indices))
-        table = run.claims.claim(layer, wave)
-        y = inner(x, mx.take(run.arena.slots.landed(table), indices))
+        ids = run.arena.slots.landed(run.claims.claim(layer, wave))  # every expert's slot
+        if run.arena.slots.on_device:
+            y = inner(x, mx.take(ids, indices))
+        else:  # slots read over the bus: one copy of the layer, not the host's memory once per use
+            y = run.engine.copies(layer, ids)(x, indices)
+            run.engine.copies.after(layer)
         mx.async_eval(y)
         self.unsynced = y
         run.claims.end()  # the next layer read ahead while these slots are pinned
