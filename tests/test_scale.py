@@ -530,15 +530,22 @@ def test_a_cell_is_its_latest_ok_row_else_its_latest_failure():
     assert got.status.to_dict() == {"a": "ok", "b": "failed", "c": "ok"} and got.error["b"] == "late"
 
 
-def test_batches_deal_each_traces_cells_in_turn():
-    """Every cell in exactly one batch, one trace per batch, a trace's cells dealt out in turn (so each
-    batch holds the grid's mix of policies), about 2 batches per worker and never more than ``most`` cells."""
+def test_batches_balance_estimated_cost_costliest_first():
+    """Every cell in exactly one batch, one trace per batch, never more than ``most`` cells; batches of
+    about equal estimated cost (a ds4 cell, 4.5 LRU cells, alone), the costliest first, so 8 workers
+    start every ds4 cell at once and no worker is left with one at the end."""
     from workbench.sim.sweep import batches
 
-    cells = [dict(trace_sha256=t, cell_id=f"{t}{i}") for t in "ab" for i in range(21)]
-    parts = batches(cells, n_workers=2)
-    assert sorted(c["cell_id"] for b in parts for c in b) == sorted(c["cell_id"] for c in cells)
-    assert all(len({c["trace_sha256"] for c in b}) == 1 for b in parts)
-    assert len(parts) == 4 and parts[0] == cells[0:21:2]
-    assert len(batches(cells, n_workers=8)) == 14  # three cells a batch: 8 workers share 42 cells in two rounds
+    policies = ["lru", "fifo", "lfu", "slru", "s3fifo", "twohit", "ds4"]
+    cells = [dict(trace_sha256=t, policy=p, arena=a, cell_id=f"{t}{p}{a}") for t in "ab" for p in policies
+             for a in ("0.1", "0.25", "0.5")]
+    for n in (1, 2, 8):
+        parts = batches(cells, n_workers=n)
+        assert sorted(c["cell_id"] for b in parts for c in b) == sorted(c["cell_id"] for c in cells)
+        assert all(len({c["trace_sha256"] for c in b}) == 1 for b in parts)
+    assert len(batches(cells, n_workers=1)) == 2  # one per trace
+    parts = batches(cells, n_workers=8)
+    costs = [sum(4.5 if c["policy"] == "ds4" else 1 for c in b) for b in parts]
+    assert costs == sorted(costs, reverse=True) and [len(b) for b in parts[:6]] == [1] * 6  # the ds4 cells first
+    assert parts[0][0]["policy"] == "ds4" and max(costs) - min(costs[:-2]) <= 1  # each trace's last batch: what is left
     assert max(len(b) for b in batches(cells * 100, n_workers=1, most=50)) <= 50

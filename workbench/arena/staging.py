@@ -248,10 +248,15 @@ class Staging:
         if n is None:
             n, self.rows_per_chunk = self.rows_per_chunk, 2 * self.rows_per_chunk
         row_bytes = int(self.offsets[-1])
-        chunk = cuda.Pinned(self._cuda, n * row_bytes) if self.device_copy else mmap.mmap(-1, n * row_bytes)  # page-aligned
-        raw = memoryview(chunk.buffer if self.device_copy else chunk).cast("B")
+        if self.device_copy:  # cudaHostAlloc does not promise page alignment (O_DIRECT reads into rows need it)
+            chunk = cuda.Pinned(self._cuda, n * row_bytes + _PAGE)
+            raw = memoryview(chunk.buffer).cast("B")
+            skip = -address(raw) % _PAGE
+            raw, device = raw[skip:skip + n * row_bytes], chunk.device + skip
+        else:
+            chunk = mmap.mmap(-1, n * row_bytes)  # page-aligned
+            raw, device = memoryview(chunk).cast("B"), 0
         base = address(raw)
-        device = chunk.device if self.device_copy else 0
         for i in range(n):
             off = i * row_bytes
             views = [raw[off + o:off + o + size] for o, size in zip(self.offsets, self.sizes)]
@@ -260,6 +265,7 @@ class Staging:
 
 
 _ALIGN = 64  # a row's tensors start at multiples of this (the landing kernel copies 16 bytes at a time)
+_PAGE = 4096  # a chunk of rows starts on a page
 _CHUNK = 32 * 1024  # bytes per block of the landing kernel
 _THREADS = 256
 

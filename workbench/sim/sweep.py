@@ -22,7 +22,6 @@ see a path says so). Stores are local files on each worker (an SSD per worker is
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import time
 import uuid
@@ -562,16 +561,26 @@ def _wait_for_workers(client, timeout) -> int:
 
 
 def batches(cells: list, n_workers: int, per_worker: int = 2, most: int = 500) -> list:
-    """Cells in batches, about ``per_worker`` per worker (at most ``most`` cells each), one trace per batch.
-    A trace's cells are dealt out in turn (batch b takes cells b, b + B, ...), so every batch holds the
-    same mix of policies and arenas and the batches take about as long as each other."""
-    size = max(1, min(most, math.ceil(len(cells) / max(1, n_workers * per_worker))))
+    """Cells in batches of about equal estimated cost (``Policy.replay_cost`` per cell), about
+    ``per_worker`` per worker, at most ``most`` cells and one trace each, costliest first: Dask starts
+    them in that order, so a costly cell never runs alone at the end while the other workers wait."""
+    from ..arena.policies import POLICIES, load_all
+
+    load_all()
+    cost = lambda c: getattr(POLICIES.get(c.get("policy")), "replay_cost", 1.0)  # noqa: E731
+    target = sum(map(cost, cells)) / max(1, n_workers * per_worker)
     out = []
     for _, group in itertools.groupby(sorted(cells, key=lambda c: c["trace_sha256"]), key=lambda c: c["trace_sha256"]):
-        group = list(group)
-        n = math.ceil(len(group) / size)
-        out += [group[b::n] for b in range(n)]
-    return out
+        batch, spent = [], 0.0
+        for c in sorted(group, key=cost, reverse=True):  # a stable sort: grid order among equals
+            batch.append(c)
+            spent += cost(c)
+            if spent >= target or len(batch) == most:
+                out.append(batch)
+                batch, spent = [], 0.0
+        if batch:
+            out.append(batch)
+    return sorted(out, key=lambda b: sum(map(cost, b)), reverse=True)
 
 
 # --- the sweep ------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ class Policy:
     """Base class: every eviction policy implements these five methods."""
 
     name = "base"
+    replay_cost = 1.0  # a replay's time per lookup against LRU's, roughly: sweeps start the costliest cells first
 
     def __init__(self, capacity: int, **options):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
