@@ -339,8 +339,9 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
 
 @pytest.mark.parametrize("writes", (*WRITES, "copied"))
 def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monkeypatch):
-    """A prompt long enough to read the next layer ahead, in an arena with room for two layers: each
-    layer is claimed whole (every expert) before its route is known, with no sync on the ids; the
+    """A prompt long enough to read the next layer ahead, in an arena with room for three layers: each
+    layer is claimed whole (every expert) before its route is known, with no sync on the ids, and held
+    pinned through the next layer's claim (which then need not wait for its compute); the
     tokens equal resident mlx-lm's, and the residency, counters and prompt-hot order equal the run
     whose listening hook makes it sync per layer (the same claims). "copied": direct slots taken
     for slots the device reads over the bus, so each whole layer computes on a copy of its slots."""
@@ -349,8 +350,13 @@ def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monk
     model_dir, store = tiny("qwen3_moe", 4, layers=4)
     prompt = [int(t) for t in np.random.default_rng(3).integers(1, 128, 40)]
     ref, _ = resident_greedy(model_dir, prompt, 6)
+    from workbench.arena.arena import Arena
+
     unsynced, real = [], passes.BatchPass._unsynced
     monkeypatch.setattr(passes.BatchPass, "_unsynced", lambda self, layer, *a: unsynced.append(layer) or real(self, layer, *a))
+    held, release = [], Arena.release
+    monkeypatch.setattr(Arena, "release", lambda self, hold=False, **kw: (hold and held.append(self.step))
+                        or release(self, hold, **kw))
     runs = []
     for listen in (False, True):
         with Engine(store, arena=ArenaConfig("0.75", writes="direct" if writes == "copied" else writes),
@@ -370,6 +376,7 @@ def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monk
                     assert all(any(a is b for b in eng.arena.tensors.values()) for _, a in tree_flatten(view.parameters()))
     (quiet, n_quiet, order_quiet, m), (synced, n_synced, order_synced, _) = runs
     assert n_quiet == len(m.moe_layers) and n_synced == 0  # every layer of the prefill, and only there
+    assert held == [0] * 2 * (len(m.moe_layers) - 1)  # room for three layers: each but the last held through the next
     for res in (quiet, synced):
         assert res.tokens == ref
     np.testing.assert_allclose(quiet.logprobs, synced.logprobs, atol=TOL)

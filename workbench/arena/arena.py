@@ -215,16 +215,19 @@ class Arena:
             self.map.hide(s)
         self._exposed.clear()
 
-    def release(self) -> None:
-        """Unpin the current layer's slots. Call once their expert compute is evaluated, or is
-        certain to be evaluated before any slot can change owner (the next router sync). Reads
-        not landed yet (a claim that ended in an error before its compute) land first."""
+    def release(self, hold=False, held=()) -> list:
+        """Unpin the current layer's slots, and ``held`` (what an earlier ``release(hold=True)``
+        returned). Call once their expert compute is evaluated, or is certain to be evaluated before
+        any slot can change owner (the next router sync). ``hold``: the current layer's slots stay
+        pinned, returned for a later call. Reads not landed yet (a claim that ended in an error
+        before its compute) land first."""
+        pins, self._pins = self._pins, []
         try:
             self.slots.flush()
         finally:
-            for s in self._pins:
+            for s in (*held, *(() if hold else pins)):
                 self.pinned[s] = False
-            self._pins.clear()
+        return pins if hold else []
 
     def after_layer(self) -> None:
         """Release the previous limbo generation and rotate the current one."""

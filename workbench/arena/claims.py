@@ -21,7 +21,9 @@ A batch long enough to route to most of a layer's experts (``reads_next_layer``)
 MoE layer's experts speculatively at ``end``, while this layer computes: each read at most once,
 claimed (or dropped to limbo) at that layer; and where the arena has room for the whole layer it
 claims every expert of it (``whole_layer``), so the engine can claim it before the route is known
-(no sync per layer: ``passes.BatchPass``).
+(no sync per layer: ``passes.BatchPass``); where the arena has room for three layers it keeps each
+such layer pinned through the next layer's claim and read-ahead (``held``), so that claim need
+not wait for the layer's compute.
 ``preload`` fills the arena before a run's first claim.
 """
 
@@ -56,6 +58,8 @@ class Claims:
         self.next_layer = dict(zip(layers, layers[1:]))  # MoE layer -> the next one
         self.ahead = None  # the MoE layer whose experts ``end`` reads ahead (a long batch), or None
         self.settle_at_end = False  # a long batch's last layer: ``end`` settles its reads not claimed
+        self.holds = False  # ``end`` keeps this layer's slots pinned, as ``held``, through the next layer's
+        self.held: list = []  # claim and read-ahead: the slots of a whole layer claimed before this one
 
     def begin(self, layer: int, ids: np.ndarray) -> list:
         """``ids`` ([..., top_k] host ids, one row per token) were routed at ``layer``: the waves
@@ -97,6 +101,7 @@ class Claims:
         if (not reads or n_tokens <= PREFILL_TOKENS or n_tokens * self.top_k < WHOLE_PICKS * arena.E
                 or min(arena.n_slots - len(arena.spec) - len(arena.limbo), prefill_cap(layer)) < arena.E):
             return None
+        self.holds = self.ahead is not None and arena.n_slots >= 3 * arena.E  # this one, the next, the one read ahead
         return [np.arange(arena.E)]
 
     def note_route(self, layer: int, ids: np.ndarray, unique=None) -> None:
@@ -119,19 +124,29 @@ class Claims:
         """Keep the claim's pins past its layer (a recompute computes on them), its reads landed."""
         self.arena.slots.flush()
 
-    def end(self, read_ahead=None) -> None:
+    def end(self, read_ahead=None, computed=None) -> None:
         """The layer is done: ``read_ahead()`` runs while its slots are still pinned (no read can take
-        them), then they are released and the limbo generation turns."""
+        them), then they are released (or held, ``holds``) and the limbo generation turns. The slots
+        held from the layer before are let go too, once ``computed()`` says its compute is evaluated
+        (a caller that synced on this layer's route knows it is)."""
         if read_ahead is not None:
             read_ahead()
         if self.ahead is not None:  # speculative reads of the next layer's experts not mapped, as far
             for e in range(self.arena.E):  # as the arena lets (never a pinned slot, never that layer's)
                 self.arena.prefetch(self.ahead, e, self.top_k)
-        self.arena.release()
+        older, self.held = self.held, []
+        if older and computed is not None:
+            computed()
+        self.held = self.arena.release(hold=self.holds, held=older)
         self.arena.after_layer()
         if self.settle_at_end:  # the batch's last layer: its reads not claimed are settled in its step
             self.arena.clear_limbo()
-        self.ahead, self.settle_at_end = None, False
+        self.ahead, self.settle_at_end, self.holds = None, False, False
+
+    def drop_held(self) -> None:
+        """After a pass that ended in an error: nothing computes on the held slots any more."""
+        self.arena.release(held=self.held)
+        self.held = []
 
     def route(self, layer: int, ids: np.ndarray, read_ahead=None) -> np.ndarray:
         """The whole sequence for a decision with no compute in between; the last wave's table."""

@@ -133,8 +133,9 @@ class BatchPass(SyncPass):
     """A batch of tokens (prefill, a verify or score pass) in one per-layer pass. A layer claimed
     whole (``Claims.whole_layer``) does not wait for its ids where nothing on the host needs them
     while the pass runs (no planner, no cache-aware routing, no hook listening): the host claims
-    layer after layer while the device computes, waiting only for the layer before to be computed
-    before the slots change owner, and reads the route once, at the end (``close``)."""
+    layer after layer while the device computes, and reads the route once, at the end (``close``).
+    It waits for the layer before to be computed before that layer's slots may change owner: before
+    the claim, or, where the claims hold them through it (``Claims.held``), after the read-ahead."""
 
     def __init__(self, run, step):
         super().__init__(run, step)
@@ -153,11 +154,16 @@ class BatchPass(SyncPass):
         layer before, whose experts are waited for (their slots may change owner in this claim)."""
         run = self.run
         c = run.counters.row(run.step, layer)
-        t0 = time.perf_counter_ns()
+        prev = self.unsynced
+
+        def computed():  # the layer before is computed: its slots may change owner
+            t0 = time.perf_counter_ns()
+            mx.eval(prev)
+            c["compute_ns"] += time.perf_counter_ns() - t0
+
         mx.async_eval(indices)
-        if self.unsynced is not None:
-            mx.eval(self.unsynced)
-        c["compute_ns"] += time.perf_counter_ns() - t0
+        if prev is not None and not run.claims.held:  # not held through this claim: wait for it first
+            computed()
         self.routes.append((layer, indices))
         ids = run.arena.slots.landed(run.claims.claim(layer, wave))  # every expert's slot
         if run.arena.slots.on_device:
@@ -167,7 +173,7 @@ class BatchPass(SyncPass):
             run.engine.copies.after(layer)
         mx.async_eval(y)
         self.unsynced = y
-        run.claims.end()  # the next layer read ahead while these slots are pinned
+        run.claims.end(computed=computed)  # the next layer read ahead while these slots are pinned
         return y
 
     def close(self) -> None:

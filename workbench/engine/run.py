@@ -160,6 +160,7 @@ class Run:
                 self.ahead.drop()  # nothing may still read a slot when the arena is cleaned up
                 self.ahead = None
             self.arena.finish_speculation()
+            self.claims.drop_held()  # a pass that failed left them held
             self.arena.release()
             if self.planner is not None:
                 self.planner.end()
