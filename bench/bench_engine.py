@@ -91,16 +91,18 @@ def resident_ms(prompt, model, n, temp, seed=7):
     return statistics.median(times[1:]) * 1e3, toks
 
 
-def ttft_resident(prompt, model) -> float:
+def ttft_resident(prompt, model) -> tuple[float, int]:
+    """Seconds to resident mlx-lm's first token, and that token."""
     t = time.perf_counter()
-    next(generate_step(mx.array(prompt), model))
-    return time.perf_counter() - t
+    token, _ = next(generate_step(mx.array(prompt), model))
+    return time.perf_counter() - t, int(token)
 
 
-def ttft_streamed(eng, prompt) -> tuple[float, dict]:
+def ttft_streamed(eng, prompt) -> tuple[float, dict, int]:
+    """Seconds to the engine's first token, its prefill counters, and that token."""
     t = time.perf_counter()
     res = eng.generate(prompt, max_tokens=1, progress=False)
-    return time.perf_counter() - t, res.stats["prefill"]
+    return time.perf_counter() - t, res.stats["prefill"], res.tokens[0]
 
 
 def token_ms(gen, n):
@@ -202,35 +204,28 @@ def ttft_rows(path, model, a, gbps) -> None:
     prefill's bytes read once at the read path's rate."""
     prompt = np.random.default_rng(1).integers(1, model.args.vocab_size, a.prefill).tolist()
     print(f"time to first token, {a.prefill}-token prompt:")
-    print("arena  writes  resident-s  streamed-s  vs-resident  prefill-MB  floor-s  hit-rate  streamed/floor")
+    print("arena  writes  resident-s  streamed-s  vs-resident  prefill-MB  floor-s  hit-rate  streamed/floor  equal")
     ttft_resident(prompt, model)
     for arena in (a.prefill_arenas or a.arenas).split(","):
         for writes in a.writes.split(",") if a.writes else [None]:
-            res, st = [], []
+            res, st, equal = [], [], True
             with Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False) as eng:
                 ttft_streamed(eng, prompt[:64])  # warm: compiled kernels
                 full, name = eng.n_slots >= eng.m.n_routed, eng.arena.writes
                 for _ in range(a.reps):
-                    res.append(ttft_resident(prompt, model))
+                    t, first = ttft_resident(prompt, model)
+                    res.append(t)
                     if full:  # never misses: the same arena serves every rep
-                        t, pre = ttft_streamed(eng, prompt)
+                        t, pre, token = ttft_streamed(eng, prompt)
                     else:  # a partial arena starts each prefill empty
                         with Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False) as fresh:
-                            t, pre = ttft_streamed(fresh, prompt)
+                            t, pre, token = ttft_streamed(fresh, prompt)
                     st.append(t)
-                    eng = Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False)
-                    ttft_streamed(eng, prompt[:64])  # warm: compiled kernels
-                    eng.close()
-                    eng = Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False)
-                res.append(ttft_resident(prompt, model))
-                t, pre = ttft_streamed(eng, prompt)
-                st.append(t)
-            name = eng.arena.writes
-            eng.close()
+                    equal &= token == first
             rm, sm = statistics.median(res), statistics.median(st)
             floor = rm + pre["bytes_read"] / gbps / 1e9
             print(f"{arena:>5}  {name:<6}  {rm:10.3f}  {sm:10.3f}  {rm / sm:10.2f}x  {pre['bytes_read'] / 1e6:10.0f}  "
-                  f"{floor:7.3f}  {pre['hit_rate']:7.1%}  {sm / floor:8.2f}", flush=True)
+                  f"{floor:7.3f}  {pre['hit_rate']:7.1%}  {sm / floor:8.2f}  {'yes' if equal else 'NO':>5}", flush=True)
 
 
 def main():

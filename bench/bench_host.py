@@ -194,11 +194,11 @@ def prefill_main(path, config, a):
     resident, streamed = [], []
     for _ in range(a.reps):
         PAUSED[0] = True
-        resident.append(ttft_resident(prompt, model))
+        resident.append(ttft_resident(prompt, model)[0])
         PAUSED[0] = False
         with open_engine(path, config, a) as eng:
             instrument(eng)
-            t, pre = ttft_streamed(eng, prompt)
+            t, pre, _ = ttft_streamed(eng, prompt)
             streamed.append(t)
     header(eng, a, f"{a.prefill}-token prefill x {a.reps} reps, fresh arena each")
     rm, sm = statistics.median(resident), statistics.median(streamed)

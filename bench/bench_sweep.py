@@ -11,7 +11,10 @@ simulate / replay: one grid of cells run on a LocalCluster of N worker processes
 replay (48 layers x 128 experts, top-8; 7 policies x 3 arenas = 42 cells). Every cluster is started
 first (its start time reported apart); --warmup rounds then let each worker load the traces and the
 compiled replay loops (the first round's time is reported as "first grid s"); the timed reps interleave
-the worker counts, each running the whole grid into a fresh directory. Medians of --reps, every rep's
+the worker counts, each running the whole grid into a fresh directory. "cells' own s": the sum of the
+cells' times on their workers (grown with N workers: the cells themselves ran slower, the machine's
+cores or memory shared); "busy": that over N x the grid's time (what is left: waiting, scheduling,
+writing). Medians of --reps, every rep's
 time listed, and what else took the cores meanwhile (other processes' busy cores and the cores the
 hypervisor stole, from /proc/stat via psutil) next to the load average. The 16-core GPU host's
 measurement: ``--kind replay --tokens 256 --reps 7 --warmup 2 --workers 1,8``.
@@ -123,7 +126,7 @@ def main():
     n_cells = len(grid.cells())
     counts = [int(x) for x in (a.workers or "1,2").split(",")]
     clients, starts, first, times = {}, {}, {}, {n: [] for n in counts}
-    others = {n: [] for n in counts}
+    others, own_s = {n: [] for n in counts}, {n: [] for n in counts}
     t_all = time.perf_counter()
     try:
         for n in counts:  # every cluster up first; reps then interleave, so load drifts hit all alike
@@ -144,6 +147,7 @@ def main():
                 assert res.ran == n_cells, res
                 times[n].append(res.seconds)
                 others[n].append(cpu)
+                own_s[n].append(load_sweep(res.out).cell_s.sum())  # the cells' own seconds, on their workers
     finally:
         for client, cluster in clients.values():
             client.close()
@@ -155,13 +159,13 @@ def main():
           f"{shape['n_experts']} experts top-8); {a.warmup} warm-up round(s), then medians of {a.reps} reps.")
     print()
     print(f"| workers | cluster start s | first grid s | grid s (median) | cells/s | vs {counts[0]} worker(s) | "
-          "every rep s | other processes' cores | cores stolen by the hypervisor | load average |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "cells' own s (sum) | busy | every rep s | other processes' cores | cores stolen by the hypervisor | load average |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in counts:
-        med = statistics.median(times[n])
+        med, own = statistics.median(times[n]), statistics.median(own_s[n])
         loads = [x for c in others[n] for x in c.load]
         print(f"| {n} | {starts[n]:.1f} | {first.get(n, float('nan')):.2f} | {med:.2f} | {n_cells / med:.2f} | "
-              f"{n_cells / med / base:.2f}x | {' '.join(f'{t:.2f}' for t in times[n])} | "
+              f"{n_cells / med / base:.2f}x | {own:.2f} | {own / (n * med):.0%} | {' '.join(f'{t:.2f}' for t in times[n])} | "
               f"{spread([c.cores for c in others[n]])} | {spread([c.steal for c in others[n]])} | "
               f"{min(loads):.1f}-{max(loads):.1f} |")
     if a.load_cells:
