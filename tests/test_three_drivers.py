@@ -65,9 +65,11 @@ def test_engine_simulate_and_ioreplay_agree_per_step(tiny, tmp_path, size, polic
     _agree(tiny, tmp_path, size, policy, ahead, n_prompt)
 
 
-def test_the_three_drivers_agree_on_whole_layer_prefill(tiny, tmp_path):
-    """A 200-token prompt in an arena with room for two layers: every layer claimed whole."""
-    live = _agree(tiny, tmp_path, "75%", "lru", "none", 200)
+@pytest.mark.parametrize("size", ["75%", "60%"])
+def test_the_three_drivers_agree_on_whole_layer_prefill(tiny, tmp_path, size):
+    """A 200-token prompt: every layer claimed whole, in an arena with room for three layers (75%: each
+    layer held through the next one's claim) and for two and a decode token's (60%: released at its end)."""
+    live = _agree(tiny, tmp_path, size, "lru", "none", 200)
     pre = live.counters[live.counters.phase == "prefill"]
     assert int((pre.hits + pre.misses + pre.prefetch_useful_late + pre.prefetch_useful_timely).sum()) == \
         SHAPE["layers"] * SHAPE["experts"]
