@@ -151,7 +151,9 @@ class BatchPass(SyncPass):
 
     def _unsynced(self, layer, inner, x, indices, wave):
         """A layer claimed whole before its route is known: its attention and router start behind the
-        layer before, whose experts are waited for (their slots may change owner in this claim)."""
+        layer before, whose experts are waited for before this claim (their slots may change owner in
+        it), or, where the claims hold them through it, once this layer is started and the next read
+        ahead (``Claims.end``'s ``computed``)."""
         run = self.run
         c = run.counters.row(run.step, layer)
         prev = self.unsynced
