@@ -19,6 +19,9 @@ time listed, and what else took the cores meanwhile (other processes' busy cores
 hypervisor stole, from /proc/stat via psutil) next to the load average. The 16-core GPU host's
 measurement: ``--kind replay --tokens 256 --reps 7 --warmup 2 --workers 1,8``.
 
+``--plain`` also runs the grid on N plain processes (no scheduler, no transfers, no writes), started
+together: what the machine itself gives N workers, against which the sweep's scaling reads.
+
 ``--load-cells N`` also times ``load_sweep`` of a dataset of N verified rows (written as a sweep writes
 them, 500 a part).
 
@@ -84,6 +87,43 @@ class OtherCPU:
         self.steal = (s1 - s0) / max(1e-9, t1 - t0)
 
 
+def _plain(cells, barrier, done):
+    """One plain process (no Dask) of ``independent``: warm (trace, compiled loops), wait for the
+    others, run its cells, report when it ended."""
+    from workbench.sim.sweep import run_batch
+
+    run_batch(cells)
+    barrier.wait()
+    run_batch(cells)
+    done.put(time.time())
+
+
+def independent(cells, n, reps=3) -> float:
+    """Median seconds for ``n`` plain processes, started together, to run the grid's cells dealt out
+    among them in turn (costliest first, like ``batches``): what the machine itself gives n workers
+    with no scheduler, no transfers and no writes."""
+    import multiprocessing as mp
+
+    from workbench.sim.sweep import batches
+
+    ctx = mp.get_context("spawn")
+    order = [c for b in batches(cells, 1, per_worker=1) for c in b]  # one batch per trace, costliest first
+    shares = [order[i::n] for i in range(n)]
+    times = []
+    for _ in range(reps):
+        barrier, done = ctx.Barrier(n + 1), ctx.Queue()
+        procs = [ctx.Process(target=_plain, args=(share, barrier, done)) for share in shares]
+        for p in procs:
+            p.start()
+        barrier.wait()
+        t0 = time.time()
+        ends = [done.get() for _ in procs]
+        for p in procs:
+            p.join()
+        times.append(max(ends) - t0)
+    return statistics.median(times)
+
+
 def spread(values) -> str:
     """median (min-max) of a few numbers, two decimals."""
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
@@ -102,6 +142,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=None, help="decode tokens per trace (default 64)")
     ap.add_argument("--kind", choices=["simulate", "replay", "ioreplay"], default="simulate")
     ap.add_argument("--load-cells", type=int, default=0)
+    ap.add_argument("--plain", action="store_true", help="also time the grid on plain processes with no Dask (the "
+                    "machine's own scaling)")
     ap.add_argument("--policies", default="lru,lfu", help="ioreplay: policies of the cells")
     ap.add_argument("--arenas", default="0.1,0.25", help="ioreplay: arenas of the cells")
     ap.add_argument("--io-layers", type=int, default=4, help="ioreplay: MoE layers of the synthetic store")
@@ -148,6 +190,7 @@ def main():
                 times[n].append(res.seconds)
                 others[n].append(cpu)
                 own_s[n].append(load_sweep(res.out).cell_s.sum())  # the cells' own seconds, on their workers
+        alone = {n: independent(grid.cells(), n) for n in counts} if a.plain else {}
     finally:
         for client, cluster in clients.values():
             client.close()
@@ -168,6 +211,10 @@ def main():
               f"{n_cells / med / base:.2f}x | {own:.2f} | {own / (n * med):.0%} | {' '.join(f'{t:.2f}' for t in times[n])} | "
               f"{spread([c.cores for c in others[n]])} | {spread([c.steal for c in others[n]])} | "
               f"{min(loads):.1f}-{max(loads):.1f} |")
+    if alone:
+        print()
+        print("Without Dask (plain processes started together, the cells dealt out among them in turn; medians of 3):")
+        print(" ".join(f"{n}: {alone[n]:.2f} s, {alone[counts[0]] / alone[n]:.2f}x;" for n in counts))
     if a.load_cells:
         print(f"load_sweep of {a.load_cells} cells: {load_time(a.load_cells):.2f} s")
 
