@@ -89,37 +89,46 @@ class OtherCPU:
 
 def _plain(cells, barrier, done):
     """One plain process (no Dask) of ``independent``: warm (trace, compiled loops), wait for the
-    others, run its cells, report when it ended."""
+    others, run its cells, report when it ended (or what failed)."""
     from workbench.sim.sweep import run_batch
 
-    run_batch(cells)
-    barrier.wait()
-    run_batch(cells)
-    done.put(time.time())
+    try:
+        run_batch(cells)
+        barrier.wait(timeout=600)
+        failed = [r["error"] for r in run_batch(cells) if r["status"] != "ok"]
+        done.put(f"{len(failed)} cells failed: {failed[0]}" if failed else time.time())
+    except Exception as e:
+        done.put(f"{type(e).__name__}: {e}")
 
 
 def independent(cells, n, reps=3) -> float:
-    """Median seconds for ``n`` plain processes, started together, to run the grid's cells dealt out
-    among them in turn (costliest first, like ``batches``): what the machine itself gives n workers
-    with no scheduler, no transfers and no writes."""
+    """Median seconds for ``n`` plain processes, started together, to run the grid's cells, shared out
+    by estimated cost (costliest first, each to the least loaded process): what the machine itself
+    gives n workers with no scheduler, no transfers and no writes."""
     import multiprocessing as mp
 
-    from workbench.sim.sweep import batches
+    from workbench.sim.sweep import cell_cost
 
+    shares, load = [[] for _ in range(n)], [0.0] * n
+    for c in sorted(cells, key=cell_cost, reverse=True):
+        i = load.index(min(load))
+        shares[i].append(c)
+        load[i] += cell_cost(c)
     ctx = mp.get_context("spawn")
-    order = [c for b in batches(cells, 1, per_worker=1) for c in b]  # one batch per trace, costliest first
-    shares = [order[i::n] for i in range(n)]
     times = []
     for _ in range(reps):
         barrier, done = ctx.Barrier(n + 1), ctx.Queue()
         procs = [ctx.Process(target=_plain, args=(share, barrier, done)) for share in shares]
         for p in procs:
             p.start()
-        barrier.wait()
+        barrier.wait(timeout=600)
         t0 = time.time()
-        ends = [done.get() for _ in procs]
+        ends = [done.get(timeout=600) for _ in procs]
         for p in procs:
             p.join()
+        bad = [e for e in ends if isinstance(e, str)]
+        if bad:
+            raise RuntimeError(f"a plain process failed: {bad[0]}")
         times.append(max(ends) - t0)
     return statistics.median(times)
 
@@ -190,6 +199,10 @@ def main():
                 times[n].append(res.seconds)
                 others[n].append(cpu)
                 own_s[n].append(load_sweep(res.out).cell_s.sum())  # the cells' own seconds, on their workers
+        for n in list(clients):  # the clusters go before any plain process runs
+            client, cluster = clients.pop(n)
+            client.close()
+            cluster.close()
         alone = {n: independent(grid.cells(), n) for n in counts} if a.plain else {}
     finally:
         for client, cluster in clients.values():
@@ -213,7 +226,7 @@ def main():
               f"{min(loads):.1f}-{max(loads):.1f} |")
     if alone:
         print()
-        print("Without Dask (plain processes started together, the cells dealt out among them in turn; medians of 3):")
+        print("Without Dask (plain processes started together, the cells shared out by estimated cost; medians of 3):")
         print(" ".join(f"{n}: {alone[n]:.2f} s, {alone[counts[0]] / alone[n]:.2f}x;" for n in counts))
     if a.load_cells:
         print(f"load_sweep of {a.load_cells} cells: {load_time(a.load_cells):.2f} s")

@@ -337,6 +337,44 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
         assert gave.stats["handshake_tokens"] == 7 and gave.stats["recomputes"] == 7  # from the second decode step
 
 
+@pytest.mark.parametrize("where", ["waiting", "landing"])
+def test_a_prefill_that_fails_while_a_layer_is_held_leaves_nothing_pinned(tiny, where, monkeypatch):
+    """An interrupt while whole layers are held through the next claim: waiting for the layer before
+    (``Claims.end``'s ``computed``), or landing staged reads as a layer is held (``Arena.release``).
+    The run fails, no slot stays pinned, and the engine's next run equals resident mlx-lm's."""
+    from workbench.arena.arena import Arena
+    from workbench.arena.claims import Claims
+
+    model_dir, store = tiny("qwen3_moe", 4, layers=4)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(1, 128, 40)]
+    ref, _ = resident_greedy(model_dir, prompt, 4)
+    fired = []
+
+    def interrupt():
+        fired.append(where)
+        raise KeyboardInterrupt
+
+    end, release = Claims.end, Arena.release
+    if where == "waiting":
+        monkeypatch.setattr(Claims, "end", lambda self, read_ahead=None, computed=None: end(
+            self, read_ahead, interrupt if computed is not None and self.held and not fired else computed))
+    else:
+        def failing(self, hold=False, held=()):
+            if hold and not fired:  # this flush, once
+                flush = self.slots.flush
+                monkeypatch.setattr(self.slots, "flush", lambda: monkeypatch.setattr(self.slots, "flush", flush)
+                                    or interrupt())
+            return release(self, hold, held)
+        monkeypatch.setattr(Arena, "release", failing)
+    with Engine(store, arena=ArenaConfig("0.75", writes="staged" if where == "landing" else "direct"),
+                decode="layer", progress=False) as eng:
+        with pytest.raises(KeyboardInterrupt):
+            eng.generate(prompt, max_tokens=4)
+        assert fired == [where] and not any(eng.arena.pinned)
+        monkeypatch.undo()
+        assert eng.generate(prompt, max_tokens=4).tokens == ref
+
+
 @pytest.mark.parametrize("writes", (*WRITES, "copied"))
 def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monkeypatch):
     """A prompt long enough to read the next layer ahead, in an arena with room for three layers: each

@@ -224,6 +224,9 @@ class Arena:
         pins, self._pins = self._pins, []
         try:
             self.slots.flush()
+        except BaseException:  # nothing is held after an error
+            hold = False
+            raise
         finally:
             for s in (*held, *(() if hold else pins)):
                 self.pinned[s] = False

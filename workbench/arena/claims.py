@@ -136,7 +136,11 @@ class Claims:
                 self.arena.prefetch(self.ahead, e, self.top_k)
         older, self.held = self.held, []
         if older and computed is not None:
-            computed()
+            try:
+                computed()
+            except BaseException:  # still held: ``drop_held`` lets them go
+                self.held = older
+                raise
         self.held = self.arena.release(hold=self.holds, held=older)
         self.arena.after_layer()
         if self.settle_at_end:  # the batch's last layer: its reads not claimed are settled in its step
@@ -144,7 +148,7 @@ class Claims:
         self.ahead, self.settle_at_end, self.holds = None, False, False
 
     def drop_held(self) -> None:
-        """After a pass that ended in an error: nothing computes on the held slots any more."""
+        """After a pass that ended in an error (and was dropped: nothing it launched still computes)."""
         self.arena.release(held=self.held)
         self.held = []
 

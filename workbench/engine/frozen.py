@@ -52,10 +52,13 @@ class DeviceCopies:
     """Each layer's expert module computing on a device copy of slots ``ids`` (one per expert, in
     id order): for a long batch on slot memory the device reads over the bus, where a batch's
     matmuls would read each expert from the host many times. One copy of the layer (its experts'
-    bytes, once) instead; ``after`` lets the copy go once the layer's compute is built."""
+    bytes, once) instead; ``after`` lets the copy go once the layer's compute is built. The modules
+    are made with the engine where its slots are off the device (not in a first prompt's time)."""
 
     def __init__(self, engine):
         self.engine, self.views = engine, {}
+        if not engine.arena.slots.on_device:
+            self.views = {layer: computing_on(inner, engine.arena.tensors) for layer, inner in engine.inners.items()}
 
     def __call__(self, layer, ids: mx.array):
         tensors = self.engine.arena.tensors

@@ -178,6 +178,12 @@ class BatchPass(SyncPass):
         run.claims.end(computed=computed)  # the next layer read ahead while these slots are pinned
         return y
 
+    def drop(self) -> None:
+        """The pass failed: its layers claimed without a sync are computed before anything unpins them."""
+        if self.unsynced is not None:
+            y, self.unsynced = self.unsynced, None
+            mx.eval(y)
+
     def close(self) -> None:
         """After the pass: its layers claimed without a sync are computed, and their route is read
         (one transfer) for ``Claims.protect_prompt_hot``."""

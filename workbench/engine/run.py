@@ -137,9 +137,7 @@ class Run:
         default, as mlx-lm), step 0; ``protect``: keep the prompt's hottest experts hottest afterwards."""
         self.begin_step(0, "prefill")
         for i in range(0, len(x), self.kv.prefill_step):
-            p = BatchPass(self, 0)
-            self.call(p, x[i:i + self.kv.prefill_step][None])
-            p.close()
+            self.run_batch(BatchPass(self, 0), x[i:i + self.kv.prefill_step][None])
             self.kv.quantize(self.cache)
             mx.eval([c.state for c in self.cache])
         if protect:
@@ -148,19 +146,28 @@ class Run:
     def batch(self, tokens, step, phase):
         """A batch of tokens in one per-layer pass, bookkept as ``step`` of ``phase``: its logits."""
         self.begin_step(step, phase)
-        p = BatchPass(self, step)
-        logits = self.call(p, mx.array(tokens, mx.uint32)[None])
+        return self.run_batch(BatchPass(self, step), mx.array(tokens, mx.uint32)[None])
+
+    def run_batch(self, p, x):
+        """``p``'s pass over ``x``, closed; dropped if it fails (nothing it launched reads a slot after)."""
+        try:
+            out = self.call(p, x)
+        except BaseException:
+            p.drop()
+            raise
         p.close()
-        return logits
+        return out
 
     def close(self) -> None:
         """The end of the call: nothing reads a slot any more, open speculation is settled."""
         try:
-            if self.ahead is not None:
-                self.ahead.drop()  # nothing may still read a slot when the arena is cleaned up
-                self.ahead = None
-            self.arena.finish_speculation()
-            self.claims.drop_held()  # a pass that failed left them held
+            try:
+                if self.ahead is not None:
+                    self.ahead.drop()  # nothing may still read a slot when the arena is cleaned up
+                    self.ahead = None
+                self.arena.finish_speculation()
+            finally:
+                self.claims.drop_held()  # a pass that failed left them held
             self.arena.release()
             if self.planner is not None:
                 self.planner.end()

@@ -560,15 +560,22 @@ def _wait_for_workers(client, timeout) -> int:
     return len(client.scheduler_info()["workers"])
 
 
+def cell_cost(cell: dict) -> float:
+    """A cell's estimated cost against an LRU cell's on the same trace (its policy's ``replay_cost``)."""
+    from ..arena.policies import POLICIES, load_all
+
+    name = cell.get("policy")
+    cls = POLICIES.get(name) or (load_all() or POLICIES.get(name))  # policies register as they are imported
+    return getattr(cls, "replay_cost", 1.0)
+
+
 def batches(cells: list, n_workers: int, per_worker: int = 2, most: int = 500) -> list:
     """Cells in batches of about equal estimated cost (``Policy.replay_cost`` per cell), about
     ``per_worker`` per worker, at most ``most`` cells and one trace each, costliest first: Dask starts
     them in that order, so a costly cell never runs alone at the end while the other workers wait."""
-    from ..arena.policies import POLICIES, load_all
-
-    load_all()
-    cost = lambda c: getattr(POLICIES.get(c.get("policy")), "replay_cost", 1.0)  # noqa: E731
-    target = sum(map(cost, cells)) / max(1, n_workers * per_worker)
+    costs = {c["cell_id"]: cell_cost(c) for c in cells}
+    cost = lambda c: costs[c["cell_id"]]  # noqa: E731
+    target = sum(costs.values()) / max(1, n_workers * per_worker)
     out = []
     for _, group in itertools.groupby(sorted(cells, key=lambda c: c["trace_sha256"]), key=lambda c: c["trace_sha256"]):
         batch, spent = [], 0.0
