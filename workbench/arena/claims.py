@@ -134,14 +134,9 @@ class Claims:
         if self.ahead is not None:  # speculative reads of the next layer's experts not mapped, as far
             for e in range(self.arena.E):  # as the arena lets (never a pinned slot, never that layer's)
                 self.arena.prefetch(self.ahead, e, self.top_k)
-        older, self.held = self.held, []
-        if older and computed is not None:
-            try:
-                computed()
-            except BaseException:  # still held: ``drop_held`` lets them go
-                self.held = older
-                raise
-        self.held = self.arena.release(hold=self.holds, held=older)
+        if self.held and computed is not None:
+            computed()  # if it fails they stay held: ``drop_held`` lets them go
+        self.held = self.arena.release(hold=self.holds, held=self.held)
         self.arena.after_layer()
         if self.settle_at_end:  # the batch's last layer: its reads not claimed are settled in its step
             self.arena.clear_limbo()

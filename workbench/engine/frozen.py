@@ -58,14 +58,18 @@ class DeviceCopies:
     def __init__(self, engine):
         self.engine, self.views = engine, {}
         if not engine.arena.slots.on_device:
-            self.views = {layer: computing_on(inner, engine.arena.tensors) for layer, inner in engine.inners.items()}
+            for layer in engine.inners:
+                self.view(layer)
+
+    def view(self, layer):
+        """The layer's module (made once)."""
+        if layer not in self.views:
+            self.views[layer] = computing_on(self.engine.inners[layer], self.engine.arena.tensors)
+        return self.views[layer]
 
     def __call__(self, layer, ids: mx.array):
-        tensors = self.engine.arena.tensors
-        view = self.views.get(layer)
-        if view is None:
-            view = self.views[layer] = computing_on(self.engine.inners[layer], tensors)
-        view.update(tree_unflatten([(name, mx.take(a, ids, axis=0)) for name, a in tensors.items()]))
+        view = self.view(layer)
+        view.update(tree_unflatten([(name, mx.take(a, ids, axis=0)) for name, a in self.engine.arena.tensors.items()]))
         return view
 
     def after(self, layer) -> None:

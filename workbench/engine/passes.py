@@ -179,18 +179,17 @@ class BatchPass(SyncPass):
         return y
 
     def drop(self) -> None:
-        """The pass failed: its layers claimed without a sync are computed before anything unpins them."""
+        """Its layers claimed without a sync are computed (nothing it launched reads a slot after)."""
         if self.unsynced is not None:
             y, self.unsynced = self.unsynced, None
             mx.eval(y)
 
     def close(self) -> None:
-        """After the pass: its layers claimed without a sync are computed, and their route is read
-        (one transfer) for ``Claims.protect_prompt_hot``."""
+        """After the pass: ``drop``, and the route of its layers claimed without a sync is read (one
+        transfer) for ``Claims.protect_prompt_hot``."""
         if self.unsynced is None:
             return
-        mx.eval(self.unsynced)
-        self.unsynced = None
+        self.drop()
         for (layer, _), ids in zip(self.routes, np.array(mx.stack([i for _, i in self.routes]))):
             self.run.claims.note_route(layer, ids)
         self.routes = []

@@ -576,18 +576,18 @@ def batches(cells: list, n_workers: int, per_worker: int = 2, most: int = 500) -
     costs = {c["cell_id"]: cell_cost(c) for c in cells}
     cost = lambda c: costs[c["cell_id"]]  # noqa: E731
     target = sum(costs.values()) / max(1, n_workers * per_worker)
-    out = []
+    out = []  # (estimated cost, batch)
     for _, group in itertools.groupby(sorted(cells, key=lambda c: c["trace_sha256"]), key=lambda c: c["trace_sha256"]):
         batch, spent = [], 0.0
         for c in sorted(group, key=cost, reverse=True):  # a stable sort: grid order among equals
             batch.append(c)
             spent += cost(c)
             if spent >= target or len(batch) == most:
-                out.append(batch)
+                out.append((spent, batch))
                 batch, spent = [], 0.0
         if batch:
-            out.append(batch)
-    return sorted(out, key=lambda b: sum(map(cost, b)), reverse=True)
+            out.append((spent, batch))
+    return [b for _, b in sorted(out, key=lambda sb: -sb[0])]
 
 
 # --- the sweep ------------------------------------------------------------------------------
