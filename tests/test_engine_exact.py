@@ -304,7 +304,7 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
     skips the token's later mailboxes; the engine computes the token again from that layer with a
     sync per layer, on the slots it answered: the same tokens, log-probs, claims and residency as a
     sync per layer, with one recompute per token; a sampled token is drawn again with its first draw's
-    key. CUDA only."""
+    key. A model whose KV cache cannot roll back (a full sliding window) syncs per layer instead. CUDA only."""
     import mlx.core as mx
 
     from workbench.cuda import in_use
@@ -335,6 +335,12 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
         for key in ("hits", "misses", "evictions", "bytes_read", "residency_hash"):
             assert gave.stats[key] == sync.stats[key], (mode, key)
         assert gave.stats["handshake_tokens"] == 7 and gave.stats["recomputes"] == 7  # from the second decode step
+    model_dir, store = tiny("gpt_oss", None)  # its sliding-window cache is full after the prompt: it cannot roll back
+    ref, _ = resident_greedy(model_dir, PROMPT, 6)
+    with Engine(store, arena=ArenaConfig("0.3", writes="mapped"), decode="layer", progress=False) as eng:
+        eng.handshake.set_timeout(0)  # would give every token up: a token it cannot compute again syncs instead
+        res = eng.generate(PROMPT, max_tokens=6)
+    assert res.tokens == ref and res.stats["handshake_tokens"] == 0 and res.stats["recomputes"] == 0
 
 
 @pytest.mark.parametrize("where", ["waiting", "landing"])

@@ -224,6 +224,7 @@ class HandshakePass(SyncPass):
         run, hs = self.run, self.hs
         self.input = y
         self.key = mx.random.state[0] if run.sampler is not None else None  # a redraw's key
+        self.rewinds = can_rewind(run.cache)  # before the token writes: a full window after it is still one back
         self.flight = hs.begin(through=run.planner is None)
         self.saved = self.flight.saved
         try:
@@ -303,7 +304,7 @@ class ResumePass(SyncPass):
         super().__init__(run, step)
         f = given_up.flight
         self.answers, self.saved, self.copied, self.first = f.answers, f.saved, f.copied, layer
-        self.input = given_up.input
+        self.input, self.rewinds = given_up.input, given_up.rewinds
         self.logits, self.moe_in = given_up.logits, given_up.moe_in  # the token's values, layer by layer
 
     def experts(self, layer, inner, x, indices):
@@ -318,7 +319,7 @@ class ResumePass(SyncPass):
     def compute(self):
         """The token's logits, computed again from ``first``."""
         run, layer = self.run, self.first
-        if not can_rewind(run.cache):
+        if not self.rewinds:
             raise EngineError(f"the device gave up waiting for the host at MoE layer {layer} and this model's KV "
                               "cache cannot roll back to compute the token again; set Engine.handshake = None")
         run.count_recompute(layer)

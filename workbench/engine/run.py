@@ -246,11 +246,14 @@ class Run:
         prediction travels with the ids, and the other hook points, traces included, fire in the
         claim), from the second decode step on: the first loads the decode kernels a process has not
         used yet, which may wait for the device (it would then give the token up: ``handshake.py``).
-        Staged slots need no read-ahead planner: its reads, landing with an answer, would not fit the
-        answer's copy table (``Slots.handshake_copies``: two tokens' demand reads)."""
+        A token the device gives up is computed again, so the KV caches must roll back one position
+        (a sliding-window cache that is full cannot: gpt-oss syncs per layer then). Staged slots need
+        no read-ahead planner: its reads, landing with an answer, would not fit the answer's copy
+        table (``Slots.handshake_copies``: two tokens' demand reads)."""
         eng = self.engine
         return (eng.handshake is not None and self.step > 1 and self.router is None
                 and (self.planner is None or eng.arena.slots.in_place)
+                and self.kv.rewinds and can_rewind(self.cache)
                 and not (eng.hooks.active and eng.forward_hooked()))
 
     def layers_missed(self) -> int:
