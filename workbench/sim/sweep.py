@@ -570,24 +570,26 @@ def cell_cost(cell: dict) -> float:
 
 
 def batches(cells: list, n_workers: int, per_worker: int = 2, most: int = 500) -> list:
-    """Cells in batches of about equal estimated cost (``Policy.replay_cost`` per cell), about
-    ``per_worker`` per worker, at most ``most`` cells and one trace each, costliest first: Dask starts
-    them in that order, so a costly cell never runs alone at the end while the other workers wait."""
+    """Cells in batches, costliest first (Dask starts them in that order), at most ``most`` cells
+    and one trace each. With several workers a batch closes once its estimated cost
+    (``cell_cost``) reaches what is left over ``per_worker`` batches a worker, so batches shrink as
+    the grid goes on: a costly cell never runs alone at the end, and the last batches are single
+    cheap cells that fill the workers' ends evenly (guided self-scheduling). One worker: a batch a trace."""
     costs = {c["cell_id"]: cell_cost(c) for c in cells}
     cost = lambda c: costs[c["cell_id"]]  # noqa: E731
-    target = sum(costs.values()) / max(1, n_workers * per_worker)
-    out = []  # (estimated cost, batch)
-    for _, group in itertools.groupby(sorted(cells, key=lambda c: c["trace_sha256"]), key=lambda c: c["trace_sha256"]):
-        batch, spent = [], 0.0
-        for c in sorted(group, key=cost, reverse=True):  # a stable sort: grid order among equals
-            batch.append(c)
-            spent += cost(c)
-            if spent >= target or len(batch) == most:
-                out.append((spent, batch))
-                batch, spent = [], 0.0
-        if batch:
-            out.append((spent, batch))
-    return [b for _, b in sorted(out, key=lambda sb: -sb[0])]
+    left = total = sum(costs.values())
+    shares = per_worker * n_workers if n_workers > 1 else 0
+    out, open_ = [], {}  # open_: trace -> (estimated cost, batch) not closed yet
+    for c in sorted(cells, key=cost, reverse=True):  # a stable sort: grid order among equals
+        spent, batch = open_.pop(c["trace_sha256"], (0.0, []))
+        batch.append(c)
+        spent += cost(c)
+        if (shares and spent >= max(left, total / 4) / shares) or len(batch) == most:
+            out.append(batch)
+            left -= spent
+        else:
+            open_[c["trace_sha256"]] = (spent, batch)
+    return out + [b for _, b in sorted(open_.values(), key=lambda sb: -sb[0])]
 
 
 # --- the sweep ------------------------------------------------------------------------------
