@@ -34,9 +34,11 @@ from mlx_lm.utils import load_model
 import workbench.arena.staging as staging_module
 import workbench.engine.passes as passes_module
 from bench_engine import mid_model, sync_floor_model, token_ms, ttft_resident, ttft_streamed, wide_model
+from workbench.arena.claims import Claims
 from workbench.config import ArenaConfig, IOConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
+from workbench.engine.frozen import DeviceCopies
 from workbench.engine.run import Run
 
 SPENT, CALLS = collections.defaultdict(int), collections.defaultdict(int)
@@ -93,13 +95,20 @@ def instrument(eng):
         for name in ("take", "_launch", "_grow"):
             setattr(staging, name, timed("staging." + name, getattr(staging, name)))
     eng.run_experts = timed("engine.run_experts", eng.run_experts)
+    hs = eng.handshake
+    if hs is not None:  # the handshake's graph building: its Python and its kernels' calls
+        for name in ("slots", "serve", "_settle"):
+            setattr(hs, name, timed("handshake." + name, getattr(hs, name)))
+        for name in ("kernel", "copy_kernel"):
+            if getattr(hs, name, None) is not None:
+                setattr(hs, name, timed(f"handshake.{name} (call)", getattr(hs, name)))
 
 
 def instrument_classes():
     """The passes' and the run's methods (passes are made per token: their class's methods are
     timed), mlx-lm's switch layers' graph building, and MLX's eval calls in the engine's modules."""
     for cls, names in ((passes_module.SyncPass, ("experts", "_compute")), (passes_module.HandshakePass, ("serve", "answer")),
-                       (Run, ("selected", "prefill"))):
+                       (passes_module.BatchPass, ("_unsynced",)), (Claims, ("claim", "end")), (DeviceCopies, ("__call__",)), (Run, ("selected", "prefill"))):
         for name in names:  # passes are made per token: time their class's methods
             setattr(cls, name, timed(f"{cls.__name__}.{name}", cls.__dict__[name]))
     for cls in (switch_layers.SwitchGLU, switch_layers.SwitchMLP):

@@ -350,7 +350,8 @@ class OptimisticPass(Pass):
     def start(self, y):
         """Build the token's graph with no host sync and start it on the device."""
         self.input = y
-        self.key = mx.random.state[0] if self.run.sampler is not None else None  # a redraw's key
+        run = self.run  # a redraw's key (a frozen arena never draws a token again: nothing can miss)
+        self.key = mx.random.state[0] if run.sampler is not None and not run.engine.views else None
         self._build(y)
         mx.async_eval(self.host)
         return self
