@@ -9,8 +9,9 @@ Each cell calls the library function its command calls (``sim.replay.replay``, `
 ``sim.ioreplay.replay_io``) with the same defaults (``phase`` all, as the commands). A cell's id hashes
 its whole configuration: the trace's *content* (sha256), the workbench version and every setting, so a
 re-recorded trace reruns and a moved one does not. Cells go to workers in batches; a worker loads each
-trace once and keeps it (``_TRACES``). A batch's rows are appended as one part file (``sweep_data``) when
-it finishes; a failing cell is recorded with its error and the sweep goes on; a rerun runs the failed
+trace once and keeps it (``_TRACES``). Finished rows are appended as one part file (``sweep_data``) at
+most every ``APPEND_S`` seconds and when the sweep ends or stops (a killed client reruns at most that
+much work: parts of a few rows each cost more to write than short cells take); a failing cell is recorded with its error and the sweep goes on; a rerun runs the failed
 and missing cells only. ioreplay cells take one lease per disk (a Dask Semaphore named by host and
 device), so concurrent cells never share a disk, and start cold (the store's pages dropped).
 
@@ -43,6 +44,7 @@ AXES = ("traces", "policies", "arenas", "predictors", "distances", "gates")
 AXIS_FLAGS = {"policies": "--policy", "arenas": "--arena", "predictors": "--predictor", "gates": "--gate"}
 MAX_WORKERS = 4096
 CONNECT_TIMEOUT = 10.0
+APPEND_S = 2.0  # finished rows are appended as one part at most this often (and at the end)
 # The local cluster's Dask settings: no statistical profiler (it samples every worker's stack each 10 ms)
 # and slower monitors. Idle, a 2-worker cluster then takes about 4% of a core instead of 16% (a sweep's
 # cells would share those cores; measured with psutil, dask 2026.8).
@@ -413,11 +415,6 @@ def _failed_row(cell: dict, e: BaseException, **extra) -> dict:
             "finished_at": time.time()}
 
 
-def run_part(cells: list) -> tuple[bytes, list]:
-    """A batch as its Dask task runs it: (the rows encoded as one Parquet part, (label, error) of each
-    failed cell). The worker encodes, so the client's work per batch is one file write."""
-    rows = run_batch(cells)
-    return encode_part(rows), [(cell_label(r), r["error"]) for r in rows if r["status"] != "ok"]
 
 
 class _disk_lease:
@@ -634,12 +631,13 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
     rows_failed = []
     if todo:
         own = client is None
-        cluster = None
+        cluster, unwritten = None, []
         if own:
             client, cluster = open_client(min(workers or usable_cpus(), len(todo)), scheduler, timeout, log)
         try:
             n_workers = _wait_for_workers(client, timeout)
             parts = batches(todo, n_workers)
+            unwritten, written = [], time.perf_counter()  # finished rows not appended yet; when the last part was
             ended, running = set(), {}
 
             def on_event(event):
@@ -651,7 +649,7 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
             if progress:  # cells ending inside a batch move the bar
                 client.subscribe_topic(TOPIC, on_event)
             run = uuid.uuid4().hex[:8]  # keys unique to this sweep: never a result Dask still holds from another
-            pending = {client.submit(run_part, b, key=f"sweep-{run}-batch-{i}-{b[0]['cell_id']}", pure=False): b
+            pending = {client.submit(run_batch, b, key=f"sweep-{run}-batch-{i}-{b[0]['cell_id']}", pure=False): b
                        for i, b in enumerate(parts)}
             with tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep", unit="cell", disable=not progress) as bar:
                 while pending:
@@ -662,19 +660,23 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                     for fut in finished_now:
                         batch = pending.pop(fut)
                         try:
-                            data, failed = fut.result()
+                            rows = fut.result()
                         except Exception as e:  # the worker died or the batch could not run: record every cell
                             rows = [_failed_row(c, e) for c in batch]
-                            data, failed = encode_part(rows), [(cell_label(r), r["error"]) for r in rows]
-                        write_part(out, data)
+                        unwritten += rows
                         ended.update(c["cell_id"] for c in batch)
-                        rows_failed += failed
+                        rows_failed += [(cell_label(r), r["error"]) for r in rows if r["status"] != "ok"]
+                    if unwritten and (not pending or time.perf_counter() - written >= APPEND_S):
+                        rows, unwritten, written = unwritten, [], time.perf_counter()
+                        write_part(out, encode_part(rows))
                     bar.n = len(cells) - len(todo) + len(ended & {c["cell_id"] for c in todo})
                     if running:
                         cid, since = min(running.items(), key=lambda kv: kv[1])
                         bar.set_postfix_str(f"{len(running)} running, longest {cid[:8]} {time.time() - since:.0f} s", refresh=False)
                     bar.refresh()
         finally:
+            if unwritten:  # stopped (Ctrl-C, an error): what finished is kept
+                write_part(out, encode_part(unwritten))
             if own:
                 client.close()
                 if cluster is not None:
