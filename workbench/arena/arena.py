@@ -247,9 +247,10 @@ class Arena:
             self._unmap(s)
 
     # ---- speculative path --------------------------------------------------------------
-    def prefetch(self, layer: int, expert: int, top_k: int, evict: bool = True) -> ReadRequest | None:
+    def prefetch(self, layer: int, expert: int, top_k: int, evict: bool = True, batch=None) -> ReadRequest | None:
         """Start a speculative read of (layer, expert); never publishes, never evicts ``layer``;
-        with ``evict=False`` it takes a free slot or nothing."""
+        with ``evict=False`` it takes a free slot or nothing; with ``batch`` (a list) it is queued
+        there, for the caller to submit (``submit_many``)."""
         key = layer * self.E + expert
         if key in self.smap or self.n_slots - 2 * top_k - len(self.spec) - len(self.limbo) <= 0:
             return None
@@ -264,7 +265,7 @@ class Arena:
         c["prefetch_issued"] += 1
         c["prefetch_issued_bytes"] += req.blob.size
         try:
-            self._submit(req, layer)
+            self._submit(req, layer, batch)
         except BaseException:  # never submitted: settle it as cancelled and give the slot back
             req.state = CANCELLED
             req.event.set()

@@ -132,8 +132,12 @@ class Claims:
         if read_ahead is not None:
             read_ahead()
         if self.ahead is not None:  # speculative reads of the next layer's experts not mapped, as far
-            for e in range(self.arena.E):  # as the arena lets (never a pinned slot, never that layer's)
-                self.arena.prefetch(self.ahead, e, self.top_k)
+            batch = []  # as the arena lets (never a pinned slot, never that layer's), submitted together:
+            try:  # small blobs are read by this thread now, while the device computes (``submit_many``)
+                for e in range(self.arena.E):
+                    self.arena.prefetch(self.ahead, e, self.top_k, batch=batch)
+            finally:
+                self.arena.io.submit_many(batch)
         if self.held and computed is not None:
             computed()  # if it fails they stay held: ``drop_held`` lets them go
         self.held = self.arena.release(hold=self.holds, held=self.held)

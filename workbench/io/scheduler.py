@@ -95,10 +95,12 @@ class IOScheduler:
         return req
 
     def submit_many(self, reqs) -> None:
-        """Urgent reads that the calling thread will wait for. It reads too (see ``help``): it
-        queues them and wakes one worker fewer than there are reads; small blobs (below
-        ``inline_below`` bytes), where a thread hand-off costs more than the read itself, it reads
-        all at once here, unqueued."""
+        """Reads of blobs of one size submitted together: urgent ones the calling thread will wait
+        for, or speculative ones (a layer read ahead). Small blobs (below ``inline_below`` bytes),
+        where a thread hand-off costs more than the read itself (and the readers' Python waits for
+        the interpreter behind the thread that builds the device's work), it reads all at once here,
+        unqueued. Others it queues, waking a worker a read; urgent: one fewer, as the calling thread
+        reads too (see ``help``)."""
         if not reqs:
             return
         now = time.perf_counter_ns()
@@ -107,11 +109,12 @@ class IOScheduler:
                 req.t_submit = now
             self._run_all(reqs)
             return
+        urgent = reqs[0].urgent
         with self.cv:
             for req in reqs:
                 req.t_submit = now
                 (self.urgent if req.urgent else self.spec).append(req)
-            self._wake(len(reqs) - 1, True)
+            self._wake(len(reqs) - urgent, urgent)
 
     def promote(self, req: ReadRequest) -> None:
         """A queued speculative read becomes urgent (it is wanted now)."""
