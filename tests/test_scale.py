@@ -188,6 +188,33 @@ def test_sweep_resumes_and_says_how_many_it_skipped(cluster, traces, tmp_path, c
     assert [f.stat().st_mtime_ns for f in files] == stamps  # done cells are not rewritten
 
 
+def test_a_stopped_sweep_keeps_what_finished(cluster, traces, tmp_path, monkeypatch):
+    """Rows are appended at most every ``APPEND_S`` seconds; a sweep stopped in between (Ctrl-C) still
+    writes the cells that finished, and the rerun runs only the others."""
+    import tqdm.auto
+
+    import workbench.sim.sweep as sweep_module
+    from workbench.sim.sweep import Grid, load_sweep, sweep
+
+    class Stops(tqdm.auto.tqdm):  # Ctrl-C once some cells have finished, none of them appended yet
+        def refresh(self, *a, **k):
+            if 0 < self.n < self.total:
+                raise KeyboardInterrupt
+            return super().refresh(*a, **k)
+
+    monkeypatch.setattr(sweep_module, "APPEND_S", 1e9)
+    monkeypatch.setattr(tqdm.auto, "tqdm", Stops)
+    grid = Grid(traces=list(traces), kind="replay", policies=["lru", "fifo"], arenas=["6", "12"])
+    out = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        sweep(grid, out, scheduler=cluster.scheduler_address, progress=False)
+    kept = len(load_sweep(out))
+    assert 0 < kept < len(grid.cells())
+    monkeypatch.undo()
+    res = sweep(grid, out, scheduler=cluster.scheduler_address, progress=False)
+    assert (res.ran, res.skipped) == (len(grid.cells()) - kept, kept) and len(load_sweep(out)) == len(grid.cells())
+
+
 def test_sweep_failing_cell_is_recorded_and_the_sweep_goes_on(cluster, traces, tmp_path, capsys):
     """A cell that fails on its worker (a static hotlist too large for the arena of one trace only fails there)
     is a row with its error; the other cells finish; the rerun runs the failed cells only."""

@@ -11,8 +11,8 @@ its whole configuration: the trace's *content* (sha256), the workbench version a
 re-recorded trace reruns and a moved one does not. Cells go to workers in batches; a worker loads each
 trace once and keeps it (``_TRACES``). Finished rows are appended as one part file (``sweep_data``) at
 most every ``APPEND_S`` seconds and when the sweep ends or stops (a killed client reruns at most that
-much work: parts of a few rows each cost more to write than short cells take); a failing cell is recorded with its error and the sweep goes on; a rerun runs the failed
-and missing cells only. ioreplay cells take one lease per disk (a Dask Semaphore named by host and
+much work: parts of a few rows each cost more to write than short cells take); a failing cell is
+recorded with its error and the sweep goes on; a rerun runs the failed and missing cells only. ioreplay cells take one lease per disk (a Dask Semaphore named by host and
 device), so concurrent cells never share a disk, and start cold (the store's pages dropped).
 
 Paths: local paths (made absolute) or fsspec URLs (``file://``, ``s3://``, ``gs://``). The client
@@ -415,8 +415,6 @@ def _failed_row(cell: dict, e: BaseException, **extra) -> dict:
             "finished_at": time.time()}
 
 
-
-
 class _disk_lease:
     """One ioreplay cell per disk at a time: a Dask Semaphore named by host and the store's device."""
 
@@ -569,9 +567,11 @@ def cell_cost(cell: dict) -> float:
 def batches(cells: list, n_workers: int, per_worker: int = 2, most: int = 500) -> list:
     """Cells in batches, costliest first (Dask starts them in that order), at most ``most`` cells
     and one trace each. With several workers a batch closes once its estimated cost
-    (``cell_cost``) reaches what is left over ``per_worker`` batches a worker, so batches shrink as
-    the grid goes on: a costly cell never runs alone at the end, and the last batches are single
-    cheap cells that fill the workers' ends evenly (guided self-scheduling). One worker: a batch a trace."""
+    (``cell_cost``) reaches what is left over ``per_worker`` batches a worker (guided
+    self-scheduling), and no sooner than a quarter of the grid's share: batches shrink as the grid
+    goes on, so a costly cell never runs alone at the end and the last, small batches fill the
+    workers' ends evenly, while a small grid is not cut into many batches that each cost a round
+    trip. One worker: a batch a trace."""
     costs = {c["cell_id"]: cell_cost(c) for c in cells}
     cost = lambda c: costs[c["cell_id"]]  # noqa: E731
     left = total = sum(costs.values())
@@ -637,7 +637,7 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
         try:
             n_workers = _wait_for_workers(client, timeout)
             parts = batches(todo, n_workers)
-            unwritten, written = [], time.perf_counter()  # finished rows not appended yet; when the last part was
+            written = time.perf_counter()  # when finished rows were last appended (``unwritten``: those since)
             ended, running = set(), {}
 
             def on_event(event):
