@@ -108,7 +108,8 @@ def instrument_classes():
     """The passes' and the run's methods (passes are made per token: their class's methods are
     timed), mlx-lm's switch layers' graph building, and MLX's eval calls in the engine's modules."""
     for cls, names in ((passes_module.SyncPass, ("experts", "_compute")), (passes_module.HandshakePass, ("serve", "answer")),
-                       (passes_module.BatchPass, ("_unsynced",)), (Claims, ("claim", "end")), (DeviceCopies, ("__call__",)), (Run, ("selected", "prefill"))):
+                       (passes_module.BatchPass, ("_unsynced",)), (Claims, ("claim", "end")),
+                       (DeviceCopies, ("__call__",)), (Run, ("selected", "prefill"))):
         for name in names:  # passes are made per token: time their class's methods
             setattr(cls, name, timed(f"{cls.__name__}.{name}", cls.__dict__[name]))
     for cls in (switch_layers.SwitchGLU, switch_layers.SwitchMLP):
