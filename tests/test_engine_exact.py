@@ -343,11 +343,13 @@ def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):
     assert res.tokens == ref and res.stats["handshake_tokens"] == 0 and res.stats["recomputes"] == 0
 
 
-@pytest.mark.parametrize("where", ["waiting", "landing"])
+@pytest.mark.parametrize("where", ["waiting", "landing", "reading ahead"])
 def test_a_prefill_that_fails_while_a_layer_is_held_leaves_nothing_pinned(tiny, where, monkeypatch):
     """An interrupt while whole layers are held through the next claim: waiting for the layer before
-    (``Claims.end``'s ``computed``), or landing staged reads as a layer is held (``Arena.release``).
-    The run fails, no slot stays pinned, and the engine's next run equals resident mlx-lm's."""
+    (``Claims.end``'s ``computed``), landing staged reads as a layer is held (``Arena.release``), or
+    reading the next layer ahead on the claiming thread (small blobs: ``IOScheduler.submit_many``).
+    The run fails (the interrupt is never taken for a failed read), no slot stays pinned, and the
+    engine's next run equals resident mlx-lm's."""
     from workbench.arena.arena import Arena
     from workbench.arena.claims import Claims
 
@@ -361,7 +363,9 @@ def test_a_prefill_that_fails_while_a_layer_is_held_leaves_nothing_pinned(tiny, 
         raise KeyboardInterrupt
 
     end, release = Claims.end, Arena.release
-    if where == "waiting":
+    if where == "reading ahead":
+        pass  # below: the reader's test hook, on the first read of the second MoE layer (read ahead)
+    elif where == "waiting":
         monkeypatch.setattr(Claims, "end", lambda self, read_ahead=None, computed=None: end(
             self, read_ahead, interrupt if computed is not None and self.held and not fired else computed))
     else:
@@ -374,8 +378,12 @@ def test_a_prefill_that_fails_while_a_layer_is_held_leaves_nothing_pinned(tiny, 
         monkeypatch.setattr(Arena, "release", failing)
     with Engine(store, arena=ArenaConfig("0.75", writes="staged" if where == "landing" else "direct"),
                 decode="layer", progress=False) as eng:
+        if where == "reading ahead":
+            second = eng.m.moe_layers[1]
+            eng.reader.inject = lambda blob: interrupt() if blob.layer == second and not fired else None
         with pytest.raises(KeyboardInterrupt):
             eng.generate(prompt, max_tokens=4)
+        eng.reader.inject = None
         assert fired == [where] and not any(eng.arena.pinned)
         monkeypatch.undo()
         assert eng.generate(prompt, max_tokens=4).tokens == ref

@@ -154,7 +154,10 @@ class IOScheduler:
                 taken = True
                 self.urgent.remove(req)
                 req.state = RUNNING
-            self._run_all((req,))
+            try:
+                self._run_all((req,))
+            except BaseException:  # recorded on the request (``req.error``): its waiter raises it
+                pass
         finally:
             if taken and not req.event.is_set():  # interrupted before the read began: it never will
                 with self.cv:
@@ -165,11 +168,15 @@ class IOScheduler:
 
     def _run_all(self, reqs) -> None:
         """Read ``reqs`` (taken from the queues, or never queued) one after another on this thread,
-        then settle them: every one ends done, cancelled or failed, even if this thread is interrupted."""
+        then settle them: every one ends done, cancelled or failed, even if this thread is interrupted.
+        A read's error surfaces on the thread that waits for it (``wait``); an interrupt (Ctrl-C, on
+        the thread that reads inline) stops the reads and is raised here: a speculative read is
+        waited for by no one, so it would be lost."""
         states = []
         try:
             for req in reqs:
                 req.state, req.t_start = RUNNING, time.perf_counter_ns()
+                interrupt = None
                 try:
                     probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
                     req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views,
@@ -177,10 +184,14 @@ class IOScheduler:
                     state = CANCELLED if req.bytes_read < req.blob.size else DONE
                     if state == DONE and req.land is not None:
                         req.land(req)
-                except BaseException as e:  # surfaces on the decode thread via wait()
+                except Exception as e:
                     req.error, state = e, FAILED
+                except BaseException as e:
+                    req.error, state, interrupt = e, FAILED, e
                 req.t_done = time.perf_counter_ns()
                 states.append(state)
+                if interrupt is not None:
+                    raise interrupt
         finally:
             with self.cv:
                 for i, req in enumerate(reqs):
@@ -231,4 +242,7 @@ class IOScheduler:
                 if req is None:
                     return
                 req.state = RUNNING
-            self._run_all((req,))
+            try:
+                self._run_all((req,))
+            except BaseException:  # recorded on the request (``req.error``): its waiter raises it
+                pass
