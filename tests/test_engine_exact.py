@@ -389,14 +389,16 @@ def test_a_prefill_that_fails_while_a_layer_is_held_leaves_nothing_pinned(tiny, 
         assert eng.generate(prompt, max_tokens=4).tokens == ref
 
 
-@pytest.mark.parametrize("writes", (*WRITES, "copied"))
+@pytest.mark.parametrize("writes", (*WRITES, "copied", "queued"))
 def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monkeypatch):
     """A prompt long enough to read the next layer ahead, in an arena with room for three layers: each
     layer is claimed whole (every expert) before its route is known, with no sync on the ids, and held
     pinned through the next layer's claim (which then need not wait for its compute); the
     tokens equal resident mlx-lm's, and the residency, counters and prompt-hot order equal the run
     whose listening hook makes it sync per layer (the same claims). "copied": direct slots taken
-    for slots the device reads over the bus, so each whole layer computes on a copy of its slots."""
+    for slots the device reads over the bus, so each whole layer computes on a copy of its slots;
+    "queued": the quiet run's read-ahead goes to the I/O workers (as large blobs do), the synced
+    run's is read by the claiming thread."""
     import workbench.engine.passes as passes
 
     model_dir, store = tiny("qwen3_moe", 4, layers=4)
@@ -411,10 +413,12 @@ def test_a_long_prompt_claims_its_layers_whole_without_a_sync(tiny, writes, monk
                         or release(self, hold, **kw))
     runs = []
     for listen in (False, True):
-        with Engine(store, arena=ArenaConfig("0.75", writes="direct" if writes == "copied" else writes),
+        with Engine(store, arena=ArenaConfig("0.75", writes="direct" if writes in ("copied", "queued") else writes),
                     decode="layer", progress=False) as eng:
             if writes == "copied":
                 monkeypatch.setattr(eng.arena.slots, "on_device", False)
+            if writes == "queued" and not listen:
+                eng.io.inline_below = 0
             if listen:
                 eng.hooks.add("token.end", lambda *a, **k: None)
             before = len(unsynced)

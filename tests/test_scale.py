@@ -215,6 +215,23 @@ def test_a_stopped_sweep_keeps_what_finished(cluster, traces, tmp_path, monkeypa
     assert (res.ran, res.skipped) == (len(grid.cells()) - kept, kept) and len(load_sweep(out)) == len(grid.cells())
 
 
+def test_rows_that_do_not_encode_together_are_appended_apart(traces, tmp_path):
+    """The rows of ended batches go in one part; where a column's type differs between batches, a part a
+    batch; a batch whose own rows do not encode is kept as failed rows naming the error (it reruns)."""
+    from workbench.sim.sweep import Grid, _append, _config_row, load_sweep
+
+    cells = Grid(traces=[traces[0]], kind="replay", policies=["lru", "fifo", "lfu"], arenas=["6"]).cells()
+    row = lambda c, x: {**_config_row(c), "status": "ok", "error": None, "x": x}  # noqa: E731
+    assert _append(tmp_path / "one", [([c], [row(c, 1.5)]) for c in cells]) == []
+    assert len(list((tmp_path / "one").glob("part-*.parquet"))) == 1
+    done = [([cells[0]], [row(cells[0], True)]), ([cells[1]], [row(cells[1], "text")])]
+    both = [cells[2]], [row(cells[2], True), {**row(cells[2], "text"), "cell_id": cells[2]["cell_id"]}]
+    failed = _append(tmp_path / "apart", done + [both])
+    assert len(list((tmp_path / "apart").glob("part-*.parquet"))) == 3 and len(failed) == 1
+    df = load_sweep(tmp_path / "apart", failed=True).set_index("policy")
+    assert df.status.to_dict() == {"lru": "ok", "fifo": "ok", "lfu": "failed"} and "Arrow" in df.error["lfu"]
+
+
 def test_sweep_failing_cell_is_recorded_and_the_sweep_goes_on(cluster, traces, tmp_path, capsys):
     """A cell that fails on its worker (a static hotlist too large for the arena of one trace only fails there)
     is a row with its error; the other cells finish; the rerun runs the failed cells only."""
@@ -249,12 +266,15 @@ def cluster_run(cluster, cells):
         return c.submit(run_batch, cells, pure=False).result()
 
 
-def test_sweep_keys_cells_by_content_and_verifies_parts(cluster, traces, tmp_path, capsys):
+def test_sweep_keys_cells_by_content_and_verifies_parts(cluster, traces, tmp_path, capsys, monkeypatch):
     """issue 32 item 5: a trace re-recorded at the same path reruns; a damaged or edited part is set aside."""
     import shutil
 
+    import workbench.sim.sweep as sweep_module
     from workbench.sim.sweep import Grid, load_sweep, sweep
     from workbench.sim.sweep_data import read_parts
+
+    monkeypatch.setattr(sweep_module, "APPEND_S", 1e9)  # a part a sweep, however slow its batches
 
     t = tmp_path / "t.parquet"
     shutil.copy(traces[0], t)

@@ -253,7 +253,7 @@ class Run:
         eng = self.engine
         return (eng.handshake is not None and self.step > 1 and self.router is None
                 and (self.planner is None or eng.arena.slots.in_place)
-                and self.kv.rewinds and can_rewind(self.cache)
+                and can_rewind(self.cache)
                 and not (eng.hooks.active and eng.forward_hooked()))
 
     def layers_missed(self) -> int:

@@ -128,7 +128,10 @@ class IOScheduler:
     def cancel(self, req: ReadRequest) -> None:
         with self.cv:
             if req.state == QUEUED:
-                (self.urgent if req in self.urgent else self.spec).remove(req)
+                for q in (self.urgent, self.spec):  # in neither: made, not submitted (an interrupt between)
+                    if req in q:
+                        q.remove(req)
+                        break
                 req.state = CANCELLED
                 req.t_done = time.perf_counter_ns()
                 req.event.set()
@@ -154,10 +157,7 @@ class IOScheduler:
                 taken = True
                 self.urgent.remove(req)
                 req.state = RUNNING
-            try:
-                self._run_all((req,))
-            except BaseException:  # recorded on the request (``req.error``): its waiter raises it
-                pass
+            self._run_all((req,))  # an interrupt is raised here; a read's error is the waiter's to raise
         finally:
             if taken and not req.event.is_set():  # interrupted before the read began: it never will
                 with self.cv:

@@ -9,9 +9,10 @@ Each cell calls the library function its command calls (``sim.replay.replay``, `
 ``sim.ioreplay.replay_io``) with the same defaults (``phase`` all, as the commands). A cell's id hashes
 its whole configuration: the trace's *content* (sha256), the workbench version and every setting, so a
 re-recorded trace reruns and a moved one does not. Cells go to workers in batches; a worker loads each
-trace once and keeps it (``_TRACES``). Finished rows are appended as one part file (``sweep_data``) at
-most every ``APPEND_S`` seconds and when the sweep ends or stops (a killed client reruns at most that
-much work: parts of a few rows each cost more to write than short cells take); a failing cell is
+trace once and keeps it (``_TRACES``). A batch's rows come back when it ends, and the rows of ended
+batches are appended as one part file (``sweep_data``) at most every ``APPEND_S`` seconds, at the end
+and when the sweep stops (parts of a few rows each cost more to write than short cells take); a killed
+client reruns the batches running then and those ended since the last part. A failing cell is
 recorded with its error and the sweep goes on; a rerun runs the failed and missing cells only. ioreplay cells take one lease per disk (a Dask Semaphore named by host and
 device), so concurrent cells never share a disk, and start cold (the store's pages dropped).
 
@@ -607,7 +608,7 @@ class SweepResult:
 
 def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = None, progress: bool = True,
           client=None, timeout: float = CONNECT_TIMEOUT, log=None) -> SweepResult:
-    """Run every cell of ``grid`` not yet finished in ``out`` on Dask; each batch's rows are appended as it ends.
+    """Run every cell of ``grid`` not yet finished in ``out`` on Dask (ended batches' rows: ``_append``).
 
     Every input is checked before a worker starts (ValueError / TraceError naming it); a cell that fails on
     its worker is recorded as failed (``load_sweep(out, failed=True)``) and reruns on the next sweep.
@@ -663,26 +664,48 @@ def sweep(grid: Grid, out, workers: int | None = None, scheduler: str | None = N
                             rows = fut.result()
                         except Exception as e:  # the worker died or the batch could not run: record every cell
                             rows = [_failed_row(c, e) for c in batch]
-                        unwritten += rows
+                        unwritten.append((batch, rows))
                         ended.update(c["cell_id"] for c in batch)
                         rows_failed += [(cell_label(r), r["error"]) for r in rows if r["status"] != "ok"]
                     if unwritten and (not pending or time.perf_counter() - written >= APPEND_S):
-                        rows, unwritten, written = unwritten, [], time.perf_counter()
-                        write_part(out, encode_part(rows))
+                        rows_failed += _append(out, unwritten)
+                        unwritten, written = [], time.perf_counter()
                     bar.n = len(cells) - len(todo) + len(ended & {c["cell_id"] for c in todo})
                     if running:
                         cid, since = min(running.items(), key=lambda kv: kv[1])
                         bar.set_postfix_str(f"{len(running)} running, longest {cid[:8]} {time.time() - since:.0f} s", refresh=False)
                     bar.refresh()
         finally:
-            if unwritten:  # stopped (Ctrl-C, an error): what finished is kept
-                write_part(out, encode_part(unwritten))
-            if own:
-                client.close()
-                if cluster is not None:
-                    cluster.close()
+            try:
+                if unwritten:  # stopped (Ctrl-C, an error): the batches that ended are kept
+                    _append(out, unwritten)
+            finally:
+                if own:
+                    client.close()
+                    if cluster is not None:
+                        cluster.close()
     return SweepResult(total=len(cells), skipped=len(cells) - len(todo), ran=len(todo) - len(rows_failed),
                        failed=len(rows_failed), seconds=time.perf_counter() - t0, out=out, errors=rows_failed)
+
+
+def _append(out, done) -> list:
+    """Append the rows of ended batches (``done``: [(cells, rows)]) as one part. Where they do not
+    encode together (a column's type differs between batches), a part a batch; a batch whose own rows
+    do not encode is written as failed rows naming the error (it reruns). (label, error) of those."""
+    try:
+        parts, failed = [encode_part([r for _, rows in done for r in rows])], []
+    except Exception:
+        parts, failed = [], []
+        for cells, rows in done:
+            try:
+                parts.append(encode_part(rows))
+            except Exception as e:
+                bad = [_failed_row(c, e) for c in cells]
+                parts.append(encode_part(bad))
+                failed += [(cell_label(r), r["error"]) for r in bad]
+    for data in parts:
+        write_part(out, data)
+    return failed
 
 
 def load_sweep(out, failed: bool = False) -> pd.DataFrame:

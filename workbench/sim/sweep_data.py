@@ -55,7 +55,7 @@ def check_out(out) -> None:
 
 
 def encode_part(rows: list[dict]) -> bytes:
-    """One batch's rows as the bytes of a Parquet file (workers encode their own batch; the client only writes)."""
+    """Rows as the bytes of one Parquet part file (the client encodes the rows of the batches that ended)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -66,7 +66,7 @@ def encode_part(rows: list[dict]) -> bytes:
 
 
 def write_part(out, data: bytes) -> str:
-    """Write one batch's Parquet bytes (``encode_part``) as a new part file (atomic: temp name, then rename;
+    """Write Parquet bytes (``encode_part``) as a new part file (atomic: temp name, then rename;
     an object store puts it whole)."""
     fs, root = out_fs(out)
     fs.makedirs(root, exist_ok=True)
