@@ -74,8 +74,11 @@ class IOScheduler:
         self.reader = reader
         self.urgent: deque = deque()
         self.spec: deque = deque()
-        lock = threading.Lock()
-        self.cv = threading.Condition(lock)  # the queues' lock; workers that take any read wait here
+        # The queues' lock, taken as ``with self._lock`` (a C lock): ``with`` on a Condition runs its
+        # Python ``__enter__``, where a Ctrl-C can land after the acquire and leave the lock held (the
+        # run then hung in ``close``: 1 in 30-60 interrupts of `workbench run`).
+        self._lock = lock = threading.Lock()
+        self.cv = threading.Condition(lock)  # workers that take any read wait here
         self._reserved_cv = threading.Condition(lock)  # workers reserved for urgent reads wait here
         self._idle = {False: 0, True: 0}  # workers waiting on each (reserved: True), not yet woken
         self.inline_below = inline_below
@@ -89,7 +92,7 @@ class IOScheduler:
 
     def submit(self, req: ReadRequest) -> ReadRequest:
         req.t_submit = time.perf_counter_ns()
-        with self.cv:
+        with self._lock:
             (self.urgent if req.urgent else self.spec).append(req)
             self._wake(1, req.urgent)
         return req
@@ -110,7 +113,7 @@ class IOScheduler:
             self._run_all(reqs)
             return
         urgent = reqs[0].urgent
-        with self.cv:
+        with self._lock:
             for req in reqs:
                 req.t_submit = now
                 (self.urgent if req.urgent else self.spec).append(req)
@@ -118,7 +121,7 @@ class IOScheduler:
 
     def promote(self, req: ReadRequest) -> None:
         """A queued speculative read becomes urgent (it is wanted now)."""
-        with self.cv:
+        with self._lock:
             req.urgent = True
             if req.state == QUEUED and req in self.spec:
                 self.spec.remove(req)
@@ -126,7 +129,7 @@ class IOScheduler:
                 self._wake(1, True)
 
     def cancel(self, req: ReadRequest) -> None:
-        with self.cv:
+        with self._lock:
             if req.state == QUEUED:
                 for q in (self.urgent, self.spec):  # in neither: made, not submitted (an interrupt between)
                     if req in q:
@@ -151,7 +154,7 @@ class IOScheduler:
             return
         taken = False
         try:
-            with self.cv:
+            with self._lock:
                 if req.state != QUEUED or not req.urgent or req not in self.urgent:
                     return
                 taken = True
@@ -160,7 +163,7 @@ class IOScheduler:
             self._run_all((req,))  # an interrupt is raised here; a read's error is the waiter's to raise
         finally:
             if taken and not req.event.is_set():  # interrupted before the read began: it never will
-                with self.cv:
+                with self._lock:
                     if req in self.urgent:
                         self.urgent.remove(req)
                     req.state = CANCELLED
@@ -193,13 +196,13 @@ class IOScheduler:
                 if interrupt is not None:
                     raise interrupt
         finally:
-            with self.cv:
+            with self._lock:
                 for i, req in enumerate(reqs):
                     req.state = states[i] if i < len(states) else CANCELLED  # never read
                     req.event.set()
 
     def close(self):
-        with self.cv:
+        with self._lock:
             self._stop = True
             for q in (self.urgent, self.spec):
                 for req in q:
@@ -237,7 +240,7 @@ class IOScheduler:
 
     def _work(self, urgent_only):
         while True:
-            with self.cv:
+            with self._lock:
                 req = self._take(urgent_only)
                 if req is None:
                     return
