@@ -37,7 +37,8 @@ class Policy:
     """Base class: every eviction policy implements these five methods."""
 
     name = "base"
-    replay_cost = 1.0  # a replay's time per lookup against LRU's, roughly: sweeps start the costliest cells first
+    replay_cost = 1.0  # a replay cell's time against an LRU cell's on the same trace (measured on 2048- and 256-token
+    # cells, bench/RESULTS.md bench_sweep): sweeps start the costliest cells first
 
     def __init__(self, capacity: int, **options):
         if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):

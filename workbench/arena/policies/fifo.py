@@ -7,7 +7,7 @@ class FIFO(LRU):
     """First in, first out: evict the key admitted longest ago; hits change nothing."""
 
     name = "fifo"
-    replay_cost = 0.8  # a replay cell's time against LRU's (2048- and 256-token cells; bench/RESULTS.md, bench_sweep)
+    replay_cost = 0.8
     move_on_hit = False  # replay: LRU's loop without the move
 
     def access(self, key, speculative=False):

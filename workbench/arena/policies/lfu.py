@@ -9,7 +9,7 @@ class LFU(Policy):
     """Least frequently used (in-cache counts, reset on eviction); ties evict the least recently used."""
 
     name = "lfu"
-    replay_cost = 1.7  # a replay cell's time against LRU's (2048- and 256-token cells; bench/RESULTS.md, bench_sweep)
+    replay_cost = 1.7
 
     # A demand admit starts at frequency 1 and each demand hit adds 1 (libCacheSim's LFU).
     # A speculative admit starts at 0 and its first claim sets 1, so unused prefetches go first.

@@ -9,7 +9,7 @@ class S3FIFO(Policy):
     """S3-FIFO: small FIFO for new keys, main FIFO with reinsertion, ghost FIFO of keys evicted from small."""
 
     name = "s3fifo"
-    replay_cost = 1.65  # a replay cell's time against LRU's (2048- and 256-token cells; bench/RESULTS.md, bench_sweep)
+    replay_cost = 1.65
 
     # Options: small (fraction of capacity for the small queue, default 0.1), ghost
     # (ghost entries as a fraction of capacity, default 0.9), move_to_main (hits a key in

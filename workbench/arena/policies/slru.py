@@ -9,7 +9,7 @@ class SLRU(Policy):
     """Segmented LRU, cold entry: new keys enter probationary; only a demand hit promotes to protected."""
 
     name = "slru"
-    replay_cost = 1.5  # a replay cell's time against LRU's (2048- and 256-token cells; bench/RESULTS.md, bench_sweep)
+    replay_cost = 1.5
 
     # Options: protected (fraction of capacity for the protected segment, default 0.8).
     # Victims: probationary LRU end first, then protected LRU end. A protected overflow

@@ -9,7 +9,7 @@ class TwoHit(Policy):
     """Two-hit: a slot is promoted to LRU order only on its second demand reuse; cold slots go first."""
 
     name = "twohit"
-    replay_cost = 1.45  # a replay cell's time against LRU's (2048- and 256-token cells; bench/RESULTS.md, bench_sweep)
+    replay_cost = 1.45
 
     # A fresh slot (demand miss, or prefetch at its first claim) has reuse 0. The first
     # demand hit sets reuse 1 and leaves the slot where it is (at the cold tail); the
