@@ -99,9 +99,7 @@ def instrument(eng):
     if hs is not None:  # the handshake's graph building: its Python and its kernels' calls
         for name in ("slots", "serve", "_settle"):
             setattr(hs, name, timed("handshake." + name, getattr(hs, name)))
-        for name in ("kernel", "copy_kernel"):
-            if getattr(hs, name, None) is not None:
-                setattr(hs, name, timed(f"handshake.{name} (call)", getattr(hs, name)))
+        hs.kernel = timed("handshake.kernel (call)", hs.kernel)
 
 
 def instrument_classes():

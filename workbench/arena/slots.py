@@ -106,7 +106,7 @@ class Slots:
 
     def hand_over(self, claim):
         """``claim()`` with the reads it completes handed over to the caller, who lands them in the
-        device's stream (the handshake's copy kernel): (its result, [(row, slot)]: none where reads
+        device's stream (the handshake's kernel): (its result, [(row, slot)]: none where reads
         land in place)."""
         return claim(), []
 

@@ -117,7 +117,7 @@ class Staging:
     def hand_over(self, claim):
         """``claim()`` with the rows it lands handed over, not landed: (its result, [(row, slot)]).
         Whoever takes them copies them into their slots in the device's stream (the handshake's
-        copy kernel: ``copies``) and gives them back with ``retire``."""
+        kernel: ``copies``) and gives them back with ``retire``."""
         self.divert = []
         try:
             return claim(), self.divert

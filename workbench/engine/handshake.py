@@ -37,8 +37,10 @@ so a token can be built and launched while the one before it is still served (``
 token's state; ``Run.launch_ahead``).
 
 *Staged slots* land in the device's stream too: the answer's reads were made into pinned bounce
-rows (``slots.hand_over``), and a copy kernel right after the layer's handshake copies them into
-their slots (the copies travel in the mailbox, tagged with the ticket), before the experts run.
+rows (``slots.hand_over``), and the layer's handshake kernel copies them into their slots once
+the answer is in (the copies travel in the mailbox, tagged with the ticket), before the experts
+run: one block makes the handshake, then every block copies its share (one kernel a layer: a
+second kernel cost about 7 us of host time a layer to call, bench/RESULTS.md, bench_host).
 
 Memory, per lane: a control block (the host's token number; the token the device gave up on, or
 the host dropped), then one mailbox of ``stride`` uint64 words per MoE layer: the device's ticket (how many times the kernel
@@ -46,7 +48,9 @@ ran for this layer), the host's answer (the ticket it answered), the ticket the 
 the placeholder slot, the wait in ns, the control block's address, the ticket it skipped (void),
 the ticket it passed through (hit-through), the ticket the copies are for, their number and
 address, then the ids, the slot ids and the layer's *extra* values (float32 bits: the read-ahead
-planner's prediction, so read-ahead needs no sync either).
+planner's prediction, so read-ahead needs no sync either). With staged slots each mailbox also has
+two words in device memory (``go``), where the handshake's block tells the copying blocks that the
+token's answer is in and how many copies it lands.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from ..arrays import address
 HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
 _READY, _DONE, _GAVE_UP, _PLACEHOLDER, _LIMIT, _CONTROL, _VOID, _PASSED, _COPY_TICKET, _COPY_N, _COPY_AT = range(11)
 _HEAD = 12  # words before the ids
-_COPY_BLOCKS, _COPY_THREADS = 128, 256  # the copy kernel's grid
+_COPY_BLOCKS, _COPY_THREADS = 128, 256  # the kernel's grid where it lands staged copies
 _TOKEN, _POISON = 0, 1  # the control block's words
 
 _HEADER = """
@@ -90,8 +94,20 @@ __device__ __forceinline__ unsigned long long wb_now() {
 #define WB_HEAD 12
 """
 
-_SOURCE = """
-    unsigned long long* box = (unsigned long long*)box_at[0];
+_HANDSHAKE = """
+__device__ __forceinline__ unsigned long long wb_load_gpu(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void wb_store_gpu(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+// One block's handshake for a layer: post the ids, pass through on the table or wait for the answer
+// (or give up), write the slot ids to out; returns the ticket.
+template <int K, int X, int H>
+__device__ unsigned long long wb_handshake(const uint32_t* ids, unsigned long long* box, const float* extra,
+                                           const uint64_t* lut_at, uint32_t* out) {
     unsigned long long* ctl = (unsigned long long*)box[5];
     __shared__ unsigned long long ticket;
     __shared__ int answered, hit;
@@ -105,7 +121,7 @@ _SOURCE = """
     if (!answered) {
         if (t == 0) { wb_store(box + 6, ticket); wb_store(box + 2, ticket); wb_store(box, ticket); }
         if (t < K) out[t] = (unsigned int)box[3];
-        return;
+        return ticket;
     }
     unsigned int slot = 0;
     if (H) {  // hit-through: the live table's slots; one miss and the layer waits for the host
@@ -124,7 +140,7 @@ _SOURCE = """
     if (hit) {
         if (t == 0) { wb_store(box + 7, ticket); wb_store(box, ticket); }
         if (t < K) out[t] = slot;
-        return;
+        return ticket;
     }
     if (t == 0) {
         wb_store(box, ticket);
@@ -141,22 +157,41 @@ _SOURCE = """
     }
     __syncthreads();
     if (t < K) out[t] = answered ? (unsigned int)wb_load(box + WB_HEAD + K + t) : (unsigned int)box[3];
+    return ticket;
+}
 """
 
-_COPY_SOURCE = """
+# Block 0 makes the handshake. With C (staged slots) every block then copies its share of the copies
+# the answer landed (tagged with its ticket), before any expert runs: the other blocks wait for block
+# 0's word in device memory (``go``: the token, once the copies' number is beside it).
+_SOURCE = """
     unsigned long long* box = (unsigned long long*)box_at[0];
-    __shared__ unsigned long long n, at;
-    if (threadIdx.x == 0) {
-        unsigned long long ticket = wb_load(box);
-        n = 0;
-        if (wb_load(box + 8) == ticket) { n = wb_load(box + 9); at = wb_load(box + 10); }
+    unsigned long long ticket = 0;
+    if (blockIdx.x == 0) ticket = wb_handshake<K, X, H>(ids, box, extra, lut_at, out);
+    if (C) {
+        __shared__ unsigned long long n;
+        unsigned long long* g = (unsigned long long*)go;
+        if (threadIdx.x == 0) {
+            unsigned long long token = wb_load((unsigned long long*)box[5]);
+            if (blockIdx.x == 0) {
+                n = wb_load(box + 8) == ticket ? wb_load(box + 9) : 0;
+                g[1] = n;
+                wb_store_gpu(g, token);
+            } else {
+                unsigned long long start = wb_now();
+                while (wb_load_gpu(g) != token) {  // block 0 sets it on every path, after its wait at most
+                    if (wb_now() - start > 20000000000ull) __trap();  // never: a hang would be worse
+                    __nanosleep(64);
+                }
+                n = wb_load_gpu(g + 1);
+            }
+        }
+        __syncthreads();
+        const unsigned long long* table = (const unsigned long long*)box[10];
+        for (unsigned long long c = blockIdx.x; c < n; c += gridDim.x) {
+            wb_copy(wb_load(table + 3 * c), wb_load(table + 3 * c + 1), wb_load(table + 3 * c + 2));
+        }
     }
-    __syncthreads();
-    const unsigned long long* table = (const unsigned long long*)at;
-    for (unsigned long long c = blockIdx.x; c < n; c += gridDim.x) {
-        wb_copy(wb_load(table + 3 * c), wb_load(table + 3 * c + 1), wb_load(table + 3 * c + 2));
-    }
-    if (blockIdx.x == 0 && threadIdx.x < K) out[threadIdx.x] = slots[threadIdx.x];
 """
 
 
@@ -184,7 +219,7 @@ class Flight:
         self.answers: dict = {}  # layer -> the slot ids the host answered (or the layer computed on)
         self.extras: dict = {}  # layer -> how many extra values its kernel sends
         self.saved: dict = {}  # decoder layer -> its output in this token (LayerProbe; a recovery starts from one)
-        self.copied: dict = {}  # layer -> (its copy kernel's output, the (row, slot) it copies)
+        self.copied: dict = {}  # layer -> (its kernel's output, the (row, slot) it copies)
         self.void = False  # the device gave this token up: later layers have no ids
         self.last = None  # the latest output launched (abort waits for it)
 
@@ -239,16 +274,17 @@ class Handshake:
             self.copy_words = np.frombuffer(self._copy_memory.buffer, dtype=np.uint64).reshape(len(self.box), copies, 3)
             for key, off in self.box.items():
                 self.words[off + _COPY_AT] = self._copy_memory.device + self.index[key] * copies * 3 * 8
-            self.copy_kernel = mx.fast.cuda_kernel(name="workbench_handshake_copy", input_names=["slots", "box_at"],
-                                                   output_names=["out"], source=_COPY_SOURCE,
-                                                   header=_HEADER + COPY_HEADER)
         self.set_timeout(timeout_s)
         mx.eval(list(self.where.values()))
         self.threads = max(32, -(-top_k // 32) * 32)
+        self.copy_threads = max(_COPY_THREADS, self.threads)
         self.no_extra = mx.zeros((1,), dtype=mx.float32)
         self.no_lut = mx.zeros((1,), dtype=mx.uint64)
-        self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at", "extra", "lut_at"],
-                                          output_names=["out"], source=_SOURCE, header=_HEADER)
+        # each mailbox's word in device memory that block 0 sets for the copying blocks (``_SOURCE``)
+        self.go = {key: mx.zeros((2,), dtype=mx.uint64) for key in self.box} if copies else {}
+        mx.eval(list(self.go.values()))
+        self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at", "extra", "lut_at", "go"],
+                                          output_names=["out"], source=_SOURCE, header=_HEADER + COPY_HEADER + _HANDSHAKE)
         self.per_layer = False  # True: launch each layer as it is built; False: the whole token at once (faster:
         # bench/RESULTS.md, bench_engine, "Whole-token handshake")
         self.token = 0
@@ -296,21 +332,21 @@ class Handshake:
         if n > self.n_extra:
             raise ValueError(f"the handshake carries at most {self.n_extra} extra values, not {n}")
         lut = self.lut_at[layer] if f.through else self.no_lut
-        out = self.kernel(inputs=[indices.astype(mx.uint32), self.where[key], extra, lut],
-                          template=[("K", self.k), ("X", n), ("H", int(f.through))],
-                          grid=(self.threads, 1, 1), threadgroup=(self.threads, 1, 1),
+        copies = bool(self.copies)  # staged slots: the answer's reads land in the same kernel, before the experts
+        out = self.kernel(inputs=[indices.astype(mx.uint32), self.where[key], extra, lut,
+                                  self.go[key] if copies else self.no_lut],
+                          template=[("K", self.k), ("X", n), ("H", int(f.through)), ("C", int(copies))],
+                          grid=(_COPY_BLOCKS * self.copy_threads if copies else self.threads, 1, 1),
+                          threadgroup=(self.copy_threads if copies else self.threads, 1, 1),
                           output_shapes=[indices.shape], output_dtypes=[mx.uint32])[0]
-        if self.copies:  # staged slots: the answer's reads land right after it, before the experts
-            out = self.copy_kernel(inputs=[out, self.where[key]], template=[("K", self.k)],
-                                   grid=(_COPY_BLOCKS * _COPY_THREADS, 1, 1), threadgroup=(_COPY_THREADS, 1, 1),
-                                   output_shapes=[indices.shape], output_dtypes=[mx.uint32])[0]
+        if copies:
             f.copied[layer] = (out, [])
         f.queue.append((layer, ticket))
         return out
 
     def land(self, f: Flight, layer, copies, pairs) -> None:
         """The answer being made for ``layer`` lands ``copies`` ([n, 3] uint64: source, destination,
-        bytes), the bounce rows ``pairs``, by its copy kernel."""
+        bytes), the bounce rows ``pairs``, by its kernel."""
         if not len(copies):
             return
         if len(copies) > self.copies:

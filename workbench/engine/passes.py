@@ -289,7 +289,7 @@ class HandshakePass(SyncPass):
             read_ahead = run.read_ahead(layer, target, host_z if z is None else z.reshape(1, -1))
         slots = run.arena.slots
         table, pairs = slots.hand_over(lambda: run.claims.route(layer, np.array(ids).reshape(1, 1, -1), read_ahead))
-        if pairs:  # staged reads: the layer's copy kernel lands them before its experts run
+        if pairs:  # staged reads: the layer's handshake kernel lands them before its experts run
             self.hs.land(self.flight, layer, slots.copies(pairs), pairs)
             slots.retire(self.flight.copied[layer][0], pairs)
         return [int(table[e]) for e in ids]
