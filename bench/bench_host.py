@@ -97,7 +97,7 @@ def instrument(eng):
     eng.run_experts = timed("engine.run_experts", eng.run_experts)
     hs = eng.handshake
     if hs is not None:  # the handshake's graph building: its Python and its kernels' calls
-        for name in ("slots", "serve", "_settle"):
+        for name in ("slots", "serve", "_settle", "_wait"):
             setattr(hs, name, timed("handshake." + name, getattr(hs, name)))
         hs.kernel = timed("handshake.kernel (call)", hs.kernel)
 
@@ -105,9 +105,9 @@ def instrument(eng):
 def instrument_classes():
     """The passes' and the run's methods (passes are made per token: their class's methods are
     timed), mlx-lm's switch layers' graph building, and MLX's eval calls in the engine's modules."""
-    for cls, names in ((passes_module.SyncPass, ("experts", "_compute")), (passes_module.HandshakePass, ("serve", "answer")),
+    for cls, names in ((passes_module.SyncPass, ("experts", "_compute")), (passes_module.HandshakePass, ("serve", "answer", "start", "finish")),
                        (passes_module.BatchPass, ("_unsynced",)), (Claims, ("claim", "end")),
-                       (DeviceCopies, ("__call__",)), (Run, ("selected", "prefill"))):
+                       (DeviceCopies, ("__call__",)), (Run, ("selected", "prefill", "forward", "launch_ahead"))):
         for name in names:  # passes are made per token: time their class's methods
             setattr(cls, name, timed(f"{cls.__name__}.{name}", cls.__dict__[name]))
     for cls in (switch_layers.SwitchGLU, switch_layers.SwitchMLP):

@@ -1,6 +1,6 @@
 """What the GPU runs per decode token: resident mlx-lm, the sync floor and the engine, side by side.
 
-    python bench/gpu_kernels.py [--model DIR | --mid] [--tokens 32] [--arenas 1.0,0.25] [--decode auto,layer]
+    python bench/gpu_kernels.py [--model DIR | --mid | --wide [H,W,E]] [--tokens 32] [--arenas 1.0,0.25] [--decode auto,layer]
                                 [--writes staged,mapped]
 
 CUDA only: kernels and copies are recorded through CUPTI (torch.profiler, which sees every
@@ -16,7 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
-from bench_engine import mid_model, sync_floor_model
+from bench_engine import mid_model, sync_floor_model, wide_model
 from workbench.config import ArenaConfig
 from workbench.data import default_model
 from workbench.engine.engine import Engine
@@ -63,6 +63,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
     ap.add_argument("--mid", action="store_true")
+    ap.add_argument("--wide", nargs="?", const="2048,768,128", default=None, metavar="H,W,E",
+                    help="the random qwen3_moe at an expert shape (bench_engine.py --wide)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--arenas", default="1.0,0.25")
     ap.add_argument("--decode", default="auto,layer")
@@ -75,7 +77,7 @@ def main():
     except ImportError:
         raise SystemExit("gpu_kernels: needs torch (its profiler reads CUPTI)")
     mx.set_default_device(mx.gpu if mx.cuda.is_available() else mx.cpu)
-    path = mid_model() if a.mid else (a.model or default_model())
+    path = wide_model(a.wide) if a.wide else mid_model() if a.mid else (a.model or default_model())
     prompt = list(range(1, 33))
     n = a.tokens
 
