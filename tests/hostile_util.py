@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,9 @@ def interrupt_reads_at(monkeypatch, call: int) -> None:
             return time.perf_counter_ns()
 
     monkeypatch.setattr(sched, "time", Clock)
+
+
+def ctrl_c_default() -> None:
+    """``preexec_fn`` of a child the tests send Ctrl-C: it starts with SIGINT at its default, whatever the
+    test run inherited (a script's background job starts with SIGINT ignored, and so would the child)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -510,13 +510,18 @@ def _exit_at_start_up(signum, frame):
 
 
 def main(argv=None) -> int:
-    main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
-    old = signal.signal(signal.SIGINT, _exit_at_start_up) if main_thread else None  # imports mlx-lm (seconds)
+    # Ctrl-C during the imports of mlx-lm (seconds) exits at once, where Ctrl-C raises KeyboardInterrupt at
+    # all: a caller that ignores it (a script's background job inherits SIGINT ignored) or handles it in C
+    # keeps its choice for the whole run
+    start_up = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if start_up:
+        signal.signal(signal.SIGINT, _exit_at_start_up)
     try:
         parser = build_parser()
     finally:
-        if main_thread:
-            signal.signal(signal.SIGINT, old)
+        if start_up:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         args = parser.parse_args(argv)
         return args.func(args)
