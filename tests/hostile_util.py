@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +70,7 @@ def interrupt_reads_at(monkeypatch, call: int) -> None:
     monkeypatch.setattr(sched, "time", Clock)
 
 
-def ctrl_c_default() -> None:
-    """``preexec_fn`` of a child the tests send Ctrl-C: it starts with SIGINT at its default, whatever the
-    test run inherited (a script's background job starts with SIGINT ignored, and so would the child)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+# The CLI in a child the tests send Ctrl-C: Ctrl-C raises KeyboardInterrupt there whatever the test run
+# inherited (a script's background job starts with SIGINT ignored, and so would the child)
+CLI_CTRL_C = [sys.executable, "-c", "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "runpy.run_module('workbench.cli', run_name='__main__', alter_sys=True)"]

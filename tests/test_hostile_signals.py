@@ -5,19 +5,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.hostile_util import REPO, ctrl_c_default
+from tests.hostile_util import CLI_CTRL_C, REPO
 
 
 def _start_run(store, trace):
-    argv = [sys.executable, "-m", "workbench.cli", "run", str(store), "--prompt-ids", "1,2,3", "--max-tokens", "100000",
+    argv = [*CLI_CTRL_C, "run", str(store), "--prompt-ids", "1,2,3", "--max-tokens", "100000",
             "--arena", "4", "--trace", str(trace)]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                         preexec_fn=ctrl_c_default)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
     seen = b""
     deadline = time.time() + 120
     while b"decode" not in seen and time.time() < deadline:  # the progress bar: decoding has started

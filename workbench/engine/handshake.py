@@ -40,7 +40,9 @@ token's state; ``Run.launch_ahead``).
 rows (``slots.hand_over``), and the layer's handshake kernel copies them into their slots once
 the answer is in (the copies travel in the mailbox, tagged with the ticket), before the experts
 run: one block makes the handshake, then every block copies its share (one kernel a layer: a
-second kernel cost about 7 us of host time a layer to call, bench/RESULTS.md, bench_host).
+second kernel cost about 7 us of host time a layer to call, bench/RESULTS.md, bench_host). On the
+device a grid of 128 blocks a layer costs more than one block where the layer passes through, but
+one block copies a megabyte miss slowly (bench/RESULTS.md, gpu_kernels): the grid is not settled.
 
 Memory, per lane: a control block (the host's token number; the token the device gave up on, or
 the host dropped), then one mailbox of ``stride`` uint64 words per MoE layer: the device's ticket (how many times the kernel
@@ -67,6 +69,7 @@ from ..arena.staging import COPY_HEADER
 from ..arrays import address
 
 HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
+COPY_WAIT_S = 20  # how long the copying blocks wait for the handshake's block (``_SOURCE``), then trap
 _READY, _DONE, _GAVE_UP, _PLACEHOLDER, _LIMIT, _CONTROL, _VOID, _PASSED, _COPY_TICKET, _COPY_N, _COPY_AT = range(11)
 _HEAD = 12  # words before the ids
 _COPY_BLOCKS, _COPY_THREADS = 128, 256  # the kernel's grid where it lands staged copies
@@ -180,7 +183,7 @@ _SOURCE = """
             } else {
                 unsigned long long start = wb_now();
                 while (wb_load_gpu(g) != token) {  // block 0 sets it on every path, after its wait at most
-                    if (wb_now() - start > 20000000000ull) __trap();  // never: a hang would be worse
+                    if (wb_now() - start > 20000000000ull) __trap();  // COPY_WAIT_S; never: a hang would be worse
                     __nanosleep(64);
                 }
                 n = wb_load_gpu(g + 1);
@@ -226,7 +229,7 @@ class Flight:
 
 class Handshake:
     """The mailboxes of one engine in two lanes (one mailbox per MoE layer, plus one for the
-    self-test, and a control block each), the kernels, and the pinned table. Tokens alternate
+    self-test, and a control block each), the kernel, and the pinned table. Tokens alternate
     lanes, so a token can be built and launched while the one before it is still served (the
     token running ahead, ``Run.token``)."""
 
@@ -307,6 +310,9 @@ class Handshake:
 
     def set_timeout(self, seconds: float) -> None:
         """How long the device waits for an answer before it gives the token up (module docstring)."""
+        if self.copies and seconds > COPY_WAIT_S / 2:
+            raise ValueError(f"the handshake waits at most {COPY_WAIT_S / 2:g} s with staged slots (the copying "
+                             f"blocks wait {COPY_WAIT_S} s for its answer), not {seconds:g}")
         for off in self.box.values():
             self.words[off + _LIMIT] = int(seconds * 1e9)
 
@@ -325,6 +331,8 @@ class Handshake:
         """``indices``' slot ids as the device will have them once the host answered ``layer`` of
         token ``f``; the host's claim also receives ``extra`` (at most ``n_extra`` values, as float32)."""
         key = f.lane, layer
+        if layer in f.tickets:  # the copying blocks know a launch by its token: one a mailbox a token
+            raise HandshakeError(f"MoE layer {layer} is launched twice in one token")
         ticket = int(self.words[self.box[key] + _READY]) + 1  # no kernel of this mailbox is in flight now
         f.tickets[layer] = ticket
         extra = self.no_extra if extra is None else extra.reshape(-1).astype(mx.float32)
