@@ -30,6 +30,7 @@ import argparse
 import cProfile
 import pstats
 import datetime
+import itertools
 import platform
 import statistics
 import tempfile
@@ -45,6 +46,7 @@ from mlx_lm.utils import load_model
 from workbench.config import AheadConfig, ArenaConfig
 from workbench.data import default_model, workload
 from workbench.engine.engine import Engine, parse_device
+from workbench.engine.handshake import GRIDS
 from workbench.fsutil import cache_dir
 from workbench.io.readpath import blobs_gbps, copy_variants_gbps
 from workbench.trace.recorder import TraceRecorder
@@ -190,6 +192,14 @@ def host_profile(eng, prompt, n, top, trace=None):
               f"{Path(file).name}:{line} {fn}")
 
 
+def set_copy_grid(eng, grid) -> None:
+    """``--copy-grid``: the handshake kernel's grid with staged slots (``Handshake.grid``)."""
+    if grid != "engine" and grid not in GRIDS:
+        raise SystemExit(f"--copy-grid {grid}: use one of {', '.join(GRIDS)}")
+    if grid != "engine" and eng.handshake is not None:
+        eng.handshake.grid = grid
+
+
 def ahead_config(spec):
     """'none' or PREDICTOR:LOOKAHEAD -> an AheadConfig (None: no read-ahead)."""
     if spec == "none":
@@ -261,6 +271,9 @@ def main():
                     "and slot ids back in the device's stream (token: the whole token launched at once, then answered, "
                     "the engine's default; layer: each layer launched as it is built) or through a host sync (off), "
                     "comma-separated values to compare; default: the engine's")
+    ap.add_argument("--copy-grid", default="engine", help="staged slots under the handshake on CUDA: its kernel's "
+                    "grid, comma-separated values to compare: adaptive, wide (128 blocks), one (one block); default: "
+                    "the engine's")
     ap.add_argument("--ahead", default="none", help="read-ahead to compare, comma-separated PREDICTOR:LOOKAHEAD or "
                     "none, e.g. none,layer:1 (exact either way)")
     ap.add_argument("--trace-at", default="1.0", help="arenas where the first combination also times a full trace "
@@ -291,11 +304,10 @@ def main():
     print("arena  decode     writes  temp  resident  floor  streamed  no-read  vs-resident  vs-floor  hit-rate  distinct  "
           "opt-tok  recomp  hs-tok  hs-pass  host-us/layer  MB/tok  read-floor  equal  engine/floor per rep")
     temps = [float(t) for t in a.temp.split(",")]
-    combos = [(arena, decode, w, ahead, inline, landing, pipe, hs) for arena in a.arenas.split(",")
-              for decode in a.decode.split(",") for w in (a.writes.split(",") if a.writes else [None])
-              for ahead in a.ahead.split(",") for inline in a.inline_below.split(",") for landing in a.landing.split(",")
-              for pipe in a.pipeline.split(",") for hs in a.handshake.split(",")]
-    for arena, decode, writes, ahead, inline, landing, pipe, hs in combos:
+    combos = list(itertools.product(a.arenas.split(","), a.decode.split(","), a.writes.split(",") if a.writes else [None],
+                                    a.ahead.split(","), a.inline_below.split(","), a.landing.split(","),
+                                    a.pipeline.split(","), a.handshake.split(","), a.copy_grid.split(",")))
+    for arena, decode, writes, ahead, inline, landing, pipe, hs, grid in combos:
             with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, ahead=ahead_config(ahead),
                              progress=False) as eng:
                 if inline != "engine":
@@ -315,6 +327,7 @@ def main():
                     eng.handshake = None
                 elif hs != "engine" and eng.handshake is not None:
                     eng.handshake.per_layer = hs == "layer"
+                set_copy_grid(eng, grid)
                 for temp in temps:
                     streamed(eng, prompt, 8, temp=temp)  # warm: page cache and compiled kernels
                     r, f, s, q, stats, equal = [], [], [], [], None, True
@@ -332,6 +345,7 @@ def main():
                     label = decode + ("" if ahead == "none" else f"+{ahead}") + ("" if inline == "engine" else f" inline<{inline}")
                     label += "" if pipe == "engine" else f" pipe-{pipe}"
                     label += "" if hs == "engine" else f" hs-{hs}"
+                    label += "" if grid == "engine" else f" grid-{grid}"
                     if landing != "engine" and staging is not None and staging.device_copy:
                         label += " kernel" if staging.kernel else " dma"
                     print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {temp:4.1f} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
@@ -343,7 +357,7 @@ def main():
                     if a.profile:
                         host_profile(eng, prompt, a.tokens, a.profile)
                     first = next(c for c in combos if c[0] == arena)
-                    if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs) == first:
+                    if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs, grid) == first:
                         with tempfile.TemporaryDirectory() as d:
                             t = trace_pairs(eng, prompt, a.tokens, a.trace_reps or 2 * a.reps, temp, d)
                             print(f"trace (temp {temp}): untraced {statistics.median(t['plain']):.2f} ms/tok, full trace "

@@ -10,13 +10,14 @@ was idle (host-bound when high); then the kernels that take the most GPU time pe
 """
 
 import argparse
+import itertools
 import time
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 
-from bench_engine import mid_model, sync_floor_model, wide_model
+from bench_engine import mid_model, set_copy_grid, sync_floor_model, wide_model
 from workbench.config import ArenaConfig
 from workbench.data import default_model
 from workbench.engine.engine import Engine
@@ -70,6 +71,8 @@ def main():
     ap.add_argument("--decode", default="auto,layer")
     ap.add_argument("--writes", default=None, help="slot write modes to compare, e.g. staged,mapped (default: the "
                     "backend's)")
+    ap.add_argument("--copy-grid", default="engine", help="staged slots under the handshake: its kernel's grid, "
+                    "comma-separated values to compare: adaptive, wide, one (Handshake.grid); default: the engine's")
     ap.add_argument("--top", type=int, default=12)
     a = ap.parse_args()
     try:
@@ -91,10 +94,11 @@ def main():
     for label, m in (("resident mlx-lm", model), ("sync floor", floor)):
         resident(m)(n)
         report(label, *kernels(resident(m), n), a.top)
-    combos = [(arena, decode, w) for arena in a.arenas.split(",") for decode in a.decode.split(",")
-              for w in (a.writes.split(",") if a.writes else [None])]
-    for arena, decode, writes in combos:
+    combos = itertools.product(a.arenas.split(","), a.decode.split(","), a.writes.split(",") if a.writes else [None],
+                               a.copy_grid.split(","))
+    for arena, decode, writes, grid in combos:
         with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, progress=False) as eng:
+            set_copy_grid(eng, grid)
             def run(tokens):
                 r = eng.generate(prompt, max_tokens=tokens, progress=False)
                 if tokens == n:
@@ -102,7 +106,8 @@ def main():
             run(n)
             wall, rows = kernels(run, n)
             s = run.stats
-            report(f"engine {arena} {decode} ({eng.arena.writes})", wall, rows, a.top)
+            report(f"engine {arena} {decode} ({eng.arena.writes}{'' if grid == 'engine' else ', grid ' + grid})",
+                   wall, rows, a.top)
             print(f"    hit rate {s['hit_rate']:.1%}, distinct {s['distinct_tokens']}/{s['tokens']}, "
                   f"optimistic {s['optimistic_tokens']}, recomputes {s['recomputes']}", flush=True)
 

@@ -9,6 +9,7 @@ CUDA tests in test_engine_exact.py run the real kernel on the GPU."""
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from conftest import TOL, resident_greedy
@@ -123,3 +124,29 @@ def test_the_decode_mode_never_depends_on_read_timing(tiny):
         frame = res.counters.groupby("step")[["optimistic", "handshake", "hits", "sync_misses"]].sum()
         seen.append((res.tokens, res.stats["residency_hash"], frame.to_dict()))
     assert seen[0] == seen[1] == seen[2]
+
+
+def test_the_staged_grid_follows_each_layers_landings():
+    """``Handshake._grid`` (staged slots): 128 blocks at a layer's first two launches and the two
+    after one whose answer landed copies (``land``, the host's own bookkeeping), one block otherwise,
+    each layer by its own landings; a fixed grid where named, and an unknown name refused."""
+    hs = Handshake.__new__(Handshake)  # the host's side only: pinned mailboxes are CUDA's
+    hs.k, hs.copies, hs.grid, hs._since, hs.copy_threads, hs.one_threads = 8, 4, "adaptive", {}, 256, 1024
+    hs.box, hs.index = {(0, 3): 0}, {(0, 3): 0}
+    hs.words, hs.copy_words = np.zeros(64, dtype=np.uint64), np.zeros((1, 4, 3), dtype=np.uint64)
+    f = Flight(0, 1, False)
+    f.tickets[3], f.copied[3] = 1, (None, [])
+    assert [hs._grid(3)[0] for _ in range(3)] == [128, 128, 1]
+    hs.land(f, 3, np.zeros((0, 3), dtype=np.uint64), [])  # nothing to land: still one block
+    assert hs._grid(3) == (1, 1024)
+    hs.land(f, 3, np.ones((2, 3), dtype=np.uint64), [])
+    assert [hs._grid(3)[0] for _ in range(4)] == [128, 128, 1, 1]
+    assert hs.copy_words[0, :2].tolist() == [[1, 1, 1]] * 2 and hs.words[9] == 2  # the copies and their number
+    assert hs._grid(5)[0] == 128
+    hs.grid = "one"
+    assert hs._grid(5) == (1, 1024)
+    hs.grid = "wide"
+    assert hs._grid(3) == (128, 256)
+    hs.grid = "fast"
+    with pytest.raises(ValueError, match="adaptive, wide, one"):
+        hs._grid(3)

@@ -293,18 +293,30 @@ def _chunks(sizes, offsets, bases):
 
 COPY_HEADER = """
 struct alignas(16) Words16 { unsigned long long a, b; };
-__device__ __forceinline__ void wb_copy(unsigned long long s, unsigned long long d, unsigned long long n) {
+// Copies n bytes from s to d: this thread's share of every step-th unit from at (16 bytes where all
+// three allow, else single bytes), four loads in flight before their stores (reads from pinned host
+// memory wait about a microsecond each: one load at a time left a block at about 3 GB/s).
+__device__ __forceinline__ void wb_copy_part(unsigned long long s, unsigned long long d, unsigned long long n,
+                                             unsigned long long at, unsigned long long step) {
     if (((s | d | n) & 15ull) == 0) {
         const Words16* src = (const Words16*)s;
         Words16* dst = (Words16*)d;
-        for (unsigned long long i = threadIdx.x; i < n / 16; i += blockDim.x) dst[i] = src[i];
+        unsigned long long i = at, units = n / 16;
+        for (; i + 3 * step < units; i += 4 * step) {
+            Words16 w0 = src[i], w1 = src[i + step], w2 = src[i + 2 * step], w3 = src[i + 3 * step];
+            dst[i] = w0; dst[i + step] = w1; dst[i + 2 * step] = w2; dst[i + 3 * step] = w3;
+        }
+        for (; i < units; i += step) dst[i] = src[i];
     } else {
         const unsigned char* src = (const unsigned char*)s;
         unsigned char* dst = (unsigned char*)d;
-        for (unsigned long long i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+        for (unsigned long long i = at; i < n; i += step) dst[i] = src[i];
     }
 }
-"""  # one block copies n bytes from s to d (16 at a time where all three allow): the landing kernels' body
+__device__ __forceinline__ void wb_copy(unsigned long long s, unsigned long long d, unsigned long long n) {
+    wb_copy_part(s, d, n, threadIdx.x, blockDim.x);
+}
+"""  # the landing kernels' body: wb_copy, one block a copy; wb_copy_part, a whole grid on each copy
 
 _LANDING_SOURCE = """
     const unsigned long long* t = (const unsigned long long*)copies;

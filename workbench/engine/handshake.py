@@ -39,10 +39,11 @@ token's state; ``Run.launch_ahead``).
 *Staged slots* land in the device's stream too: the answer's reads were made into pinned bounce
 rows (``slots.hand_over``), and the layer's handshake kernel copies them into their slots once
 the answer is in (the copies travel in the mailbox, tagged with the ticket), before the experts
-run: one block makes the handshake, then every block copies its share (one kernel a layer: a
-second kernel cost about 7 us of host time a layer to call, bench/RESULTS.md, bench_host). On the
-device a grid of 128 blocks a layer costs more than one block where the layer passes through, but
-one block copies a megabyte miss slowly (bench/RESULTS.md, gpu_kernels): the grid is not settled.
+run: one block makes the handshake, then every block copies its share, a group of threads a copy
+(one kernel a layer: a second kernel cost about 7 us of host time a layer to call,
+bench/RESULTS.md, bench_host). A layer that passes through costs far less with one block than with
+128, and a megabyte miss lands faster with 128: the grid follows the layer's recent landings
+(``Handshake._grid``).
 
 Memory, per lane: a control block (the host's token number; the token the device gave up on, or
 the host dropped), then one mailbox of ``stride`` uint64 words per MoE layer: the device's ticket (how many times the kernel
@@ -72,7 +73,10 @@ HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
 COPY_WAIT_S = 20  # how long the copying blocks wait for the handshake's block (``_SOURCE``), then trap
 _READY, _DONE, _GAVE_UP, _PLACEHOLDER, _LIMIT, _CONTROL, _VOID, _PASSED, _COPY_TICKET, _COPY_N, _COPY_AT = range(11)
 _HEAD = 12  # words before the ids
-_COPY_BLOCKS, _COPY_THREADS = 128, 256  # the kernel's grid where it lands staged copies
+_COPY_BLOCKS, _COPY_THREADS = 128, 256  # the kernel's wide grid where it lands staged copies
+_ONE_BLOCK = 1024  # threads of the one-block grid
+_WIDE_AFTER = 2  # adaptive grid: a layer's launches that run wide after one whose answer landed copies
+GRIDS = ("adaptive", "wide", "one")  # ``Handshake.grid``
 _TOKEN, _POISON = 0, 1  # the control block's words
 
 _HEADER = """
@@ -101,6 +105,11 @@ _HANDSHAKE = """
 __device__ __forceinline__ unsigned long long wb_load_gpu(const unsigned long long* p) {
     unsigned long long v;
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long wb_peek(const unsigned long long* p) {  // after an acquire
+    unsigned long long v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 __device__ __forceinline__ void wb_store_gpu(unsigned long long* p, unsigned long long v) {
@@ -190,9 +199,17 @@ _SOURCE = """
             }
         }
         __syncthreads();
+        // each copy gets a group of threads: the most (a warp up to the block) that lets all run at once
         const unsigned long long* table = (const unsigned long long*)box[10];
-        for (unsigned long long c = blockIdx.x; c < n; c += gridDim.x) {
-            wb_copy(wb_load(table + 3 * c), wb_load(table + 3 * c + 1), wb_load(table + 3 * c + 2));
+        unsigned int w = 32;  // threads a copy
+        while (2 * w <= blockDim.x) w *= 2;
+        unsigned int per_block = blockDim.x / w;
+        while (w > 32 && (unsigned long long)per_block * gridDim.x < n) { w /= 2; per_block = blockDim.x / w; }
+        if (threadIdx.x < per_block * w) {
+            unsigned long long groups = (unsigned long long)per_block * gridDim.x;
+            for (unsigned long long c = (threadIdx.x / w) * gridDim.x + blockIdx.x; c < n; c += groups)
+                wb_copy_part(wb_peek(table + 3 * c), wb_peek(table + 3 * c + 1), wb_peek(table + 3 * c + 2),
+                             threadIdx.x % w, w);
         }
     }
 """
@@ -281,6 +298,9 @@ class Handshake:
         mx.eval(list(self.where.values()))
         self.threads = max(32, -(-top_k // 32) * 32)
         self.copy_threads = max(_COPY_THREADS, self.threads)
+        self.one_threads = max(_ONE_BLOCK, self.threads)
+        self.grid = "adaptive"  # staged slots: the kernel's grid (``_grid``)
+        self._since = {}  # layer -> its launches since one whose answer landed copies
         self.no_extra = mx.zeros((1,), dtype=mx.float32)
         self.no_lut = mx.zeros((1,), dtype=mx.uint64)
         # each mailbox's word in device memory that block 0 sets for the copying blocks (``_SOURCE``)
@@ -341,11 +361,11 @@ class Handshake:
             raise ValueError(f"the handshake carries at most {self.n_extra} extra values, not {n}")
         lut = self.lut_at[layer] if f.through else self.no_lut
         copies = bool(self.copies)  # staged slots: the answer's reads land in the same kernel, before the experts
+        blocks, threads = self._grid(layer) if copies else (1, self.threads)
         out = self.kernel(inputs=[indices.astype(mx.uint32), self.where[key], extra, lut,
                                   self.go[key] if copies else self.no_lut],
                           template=[("K", self.k), ("X", n), ("H", int(f.through)), ("C", int(copies))],
-                          grid=(_COPY_BLOCKS * self.copy_threads if copies else self.threads, 1, 1),
-                          threadgroup=(self.copy_threads if copies else self.threads, 1, 1),
+                          grid=(blocks * threads, 1, 1), threadgroup=(threads, 1, 1),
                           output_shapes=[indices.shape], output_dtypes=[mx.uint32])[0]
         if copies:
             f.copied[layer] = (out, [])
@@ -362,6 +382,7 @@ class Handshake:
                                  f"{self.copies}")
         key = f.lane, layer
         off = self.box[key]
+        self._since[layer] = 0
         self.copy_words[self.index[key], :len(copies)] = copies
         self.words[off + _COPY_N] = len(copies)
         self.words[off + _COPY_TICKET] = f.tickets[layer]  # last: the kernel reads the copies once it sees it
@@ -435,6 +456,21 @@ class Handshake:
             f.last = None
 
     # ---- internals ---------------------------------------------------------------------
+    def _grid(self, layer) -> tuple[int, int]:
+        """(blocks, threads) of ``layer``'s kernel with staged slots. Where every layer passes
+        through, 128 blocks cost about 9x one block's time on the device, and the small kernels beside
+        them slow down; but one block lands a megabyte miss slowly (bench/RESULTS.md, gpu_kernels).
+        ``grid``: "wide", "one", or "adaptive": wide for a layer's first ``_WIDE_AFTER`` launches
+        and the ``_WIDE_AFTER`` after one whose answer landed copies, else one block. Either grid lands
+        every copy, so the choice changes time only, never residency or tokens."""
+        since = self._since.get(layer, 0)
+        self._since[layer] = since + 1
+        if self.grid not in GRIDS:
+            raise ValueError(f"Handshake.grid {self.grid!r}: use one of {', '.join(GRIDS)}")
+        if self.grid == "wide" or (self.grid == "adaptive" and since < _WIDE_AFTER):
+            return _COPY_BLOCKS, self.copy_threads
+        return 1, self.one_threads
+
     def _extra(self, f, layer, off):
         n, at = f.extras[layer], off + _HEAD + 2 * self.k
         return self.words[at:at + n].astype(np.uint32).view(np.float32) if n else None
@@ -462,8 +498,9 @@ class Handshake:
         """Through the probe mailbox of each lane: one round trip, the host answering ids + 1 (and
         receiving the extra values, and landing a staged copy); one without extra values that the
         device gives up on (a zero wait), which must come back as the placeholder; one that passes
-        through on the table (hit-through). Every kernel is compiled here, not while the device waits
-        for the host."""
+        through on the table (hit-through). The staged copy goes as three copies (one of them not a
+        multiple of 16 bytes), by the wide grid in one lane and one block in the other. Every kernel
+        is compiled here, not while the device waits for the host."""
         placeholder = int(self.words[self.box[0, "probe"] + _PLACEHOLDER])
         ids = mx.array(np.arange(self.k, dtype=np.uint32).reshape(1, 1, -1) * 3 + 1)
         want = np.array(ids).reshape(-1) + 1
@@ -473,9 +510,10 @@ class Handshake:
             np.frombuffer(source.buffer, dtype=np.uint8)[:] = np.arange(1 << 16) % 251
         limit = int(self.words[self.box[0, "probe"] + _LIMIT])
         cases = [(limit, "answered"), (0, "given up")] + ([(limit, "hit-through")] if self.lut is not None else [])
-        passed0, self.host_timeout = self.passed, 20.0
+        passed0, grid0, self.host_timeout = self.passed, self.grid, 20.0
         try:
-            for _ in range(self.LANES):
+            for run in range(self.LANES):
+                self.grid = ("wide", "one")[run % 2]
                 for wait_ns, case in cases:
                     f = self.begin(through=case == "hit-through")
                     box = self.box[f.lane, "probe"]
@@ -491,8 +529,9 @@ class Handshake:
                     def claim(layer, got, values):
                         sent.append(values)
                         if source is not None and case == "answered":
-                            self.land(f, layer, np.array([[source.device, address(memoryview(target)), 1 << 16]],
-                                                         dtype=np.uint64), [])
+                            at, cut = address(memoryview(target)), [0, 1 << 15, (1 << 16) - 5, 1 << 16]
+                            self.land(f, layer, np.array([[source.device + a, at + a, b - a] for a, b in
+                                                          zip(cut, cut[1:])], dtype=np.uint64), [])
                         return [int(self._probe_lut[e]) for e in got] if f.through else [e + 1 for e in got]
 
                     self.words[box + _LIMIT] = wait_ns
@@ -517,7 +556,7 @@ class Handshake:
             self.abort(f)
             return False
         finally:
-            self.host_timeout = HOST_TIMEOUT_S
+            self.host_timeout, self.grid = HOST_TIMEOUT_S, grid0
             for lane in range(self.LANES):
                 self.words[self.box[lane, "probe"] + _LIMIT] = limit
             if self.lut is not None:
