@@ -18,8 +18,6 @@ import collections
 import os
 import shutil
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -138,9 +136,7 @@ def main():
             print(f"{n / max(1, total):6.1%}  {name}")
     if a.who == "engine":
         eng.close()
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    threading.current_thread().name = "decode"
     main()
