@@ -12,6 +12,10 @@
 #   bash scripts/gpu.sh traced  hooks and traces under the handshake: their tests, then the trace recorder's cost at 25%
 #   bash scripts/gpu.sh writes  slot writes staged against mapped at 25%: the handshake's tests, the GPU's kernels
 #                               per mid token, and the engine on the mid-size and the reference model
+#   bash scripts/gpu.sh wide    the wide model (2.6 MB experts) at 25% staged, greedy and sampled: the engine beside
+#                               resident mlx-lm, then py-spy samples of each side's decoding thread (NATIVE=1: C++
+#                               frames too). Needs py-spy and zlib-ng: carry their wheels in a call after the
+#                               install (with the MLX wheel's third part they pass the 64 MiB carry limit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -52,6 +56,14 @@ if [ "$what" = traced ]; then  # a full trace recorder at 25% (per-layer decode)
     -o faulthandler_timeout=90 -k "handshake or trace" 2>&1 | tee "$OUT/traced_tests.txt" | tail -n 5
   timeout 200 python3 bench/bench_engine.py --device gpu --tokens 32 --reps 3 --arenas 0.25,1.0 --decode layer,auto \
     --trace-at 0.25,1.0 2>&1 | tee "$OUT/traced.txt"
+fi
+if [ "$what" = wide ]; then
+  timeout ${BENCH_S:-300} python3 bench/bench_engine.py --wide --device gpu --tokens ${TOKENS:-32} --reps 3 --arenas 0.25 \
+    --decode auto --writes staged --temp 0,1.0 --trace-at none 2>&1 | tee "$OUT/wide.txt" | tail -n 3
+  for who in resident engine; do
+    timeout 150 python3 bench/host_profile.py --wide --device gpu --who $who --writes staged --seconds 10 --rate 100 \
+      ${NATIVE:+--native} --out "$OUT/spy" 2>&1 | tee "$OUT/spy_$who.txt" | head -n 40
+  done
 fi
 if [ "$what" = nan ]; then
   timeout 150 python3 bench/nan_probe.py --device gpu --runs 4 --processes 3 --tokens 32 2>&1 | tee "$OUT/nan.txt"
