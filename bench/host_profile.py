@@ -74,18 +74,17 @@ def main():
     ap.add_argument("--native", action="store_true")
     ap.add_argument("--out", default=".")
     ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--no-spy", action="store_true", help="decode for --seconds without py-spy (e.g. to count the "
-                    "CUDA graphs MLX launches: MLX_SAVE_CUDA_GRAPHS_DOT_FILE=DIR/g writes one file per graph)")
     a = ap.parse_args()
     dev = parse_device(a.device)
     if dev is not None:
         mx.set_default_device(dev)
     spy = shutil.which("py-spy")
-    if spy is None and not a.no_spy:
+    if spy is None:
         raise SystemExit("host_profile: py-spy is not installed (pip install py-spy)")
     path = mid_model() if a.mid else wide_model(a.wide) if a.wide else Path(default_model())
     vocab = load_model(path, lazy=True)[0].args.vocab_size
     prompt = np.random.default_rng(0).integers(1, vocab, 64).tolist()  # as bench_engine's random models
+    eng, stats = None, None
     if a.who == "engine":
         eng = Engine.open(path, arena=ArenaConfig(a.arena, writes=a.writes), progress=False)
         stats = {}
@@ -101,15 +100,16 @@ def main():
             mx.random.seed(7)
             for (tok, _), _ in zip(generate_step(mx.array(prompt), model, sampler=sampler_for(a.temp)), range(a.tokens)):
                 pass
-    warm = decode_for(3.0, step)  # warm: kernels loaded, page cache, the arena's decode set
-    if a.no_spy:
-        t0 = time.perf_counter()
-        calls = decode_for(a.seconds, step)
-        print(f"{a.who} | {path.name} | arena {a.arena} | temp {a.temp} | "
-              f"{(time.perf_counter() - t0) * 1e3 / (calls * a.tokens):.2f} ms/token over {calls} x {a.tokens} tokens "
-              f"({warm + calls} generations with the warm-up)",
-              flush=True)
-        return
+    try:
+        profile(a, spy, path, step, stats)
+    finally:
+        if eng is not None:
+            eng.close()
+
+
+def profile(a, spy, path, step, stats):
+    """Warm up, then decode under ``py-spy record`` and print the shares (``stats``: the engine's last run's)."""
+    decode_for(3.0, step)  # warm: kernels loaded, page cache, the arena's decode set
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     raw = out / f"{a.who}.txt"
@@ -125,7 +125,7 @@ def main():
         raise SystemExit(f"host_profile: py-spy failed ({proc.returncode}): {err.strip()[-400:]}")
     incl, own, total = shares(raw, a.top)
     extra = ""
-    if a.who == "engine":
+    if stats is not None:
         extra = (f" | hit rate {stats['hit_rate']:.1%}, distinct {stats['distinct_tokens']}/{stats['tokens']}, "
                  f"handshake tokens {stats['handshake_tokens']}, optimistic {stats['optimistic_tokens']}")
     print(f"{a.who} | {path.name} | arena {a.arena} | temp {a.temp} | {ms:.2f} ms/token over {calls} x {a.tokens} tokens"
@@ -134,8 +134,6 @@ def main():
         print(f"-- {title}")
         for name, n in rows:
             print(f"{n / max(1, total):6.1%}  {name}")
-    if a.who == "engine":
-        eng.close()
 
 
 if __name__ == "__main__":
