@@ -269,8 +269,13 @@ def main():
                     "the engine's")
     ap.add_argument("--handshake", default="engine", help="per-layer decode on CUDA: each layer's ids to the host "
                     "and slot ids back in the device's stream (token: the whole token launched at once, then answered, "
-                    "the engine's default; layer: each layer launched as it is built) or through a host sync (off), "
+                    "the engine's default; layer: each layer launched as it is built; N: every N layers) or through a "
+                    "host sync (off), "
                     "comma-separated values to compare; default: the engine's")
+    ap.add_argument("--serve-thread", default="engine", help="handshake on CUDA: answer from a second thread while a "
+                    "launch runs (on) or from the decoding thread only (off), comma-separated; default: the engine's")
+    ap.add_argument("--split-reads", default="engine", help="demand reads of several pieces split over idle I/O "
+                    "workers (on) or read by one thread (off), comma-separated; default: the engine's")
     ap.add_argument("--copy-grid", default="engine", help="staged slots under the handshake on CUDA: its kernel's "
                     "grid, comma-separated values to compare: adaptive, wide (128 blocks), one (one block); default: "
                     "the engine's")
@@ -306,8 +311,9 @@ def main():
     temps = [float(t) for t in a.temp.split(",")]
     combos = list(itertools.product(a.arenas.split(","), a.decode.split(","), a.writes.split(",") if a.writes else [None],
                                     a.ahead.split(","), a.inline_below.split(","), a.landing.split(","),
-                                    a.pipeline.split(","), a.handshake.split(","), a.copy_grid.split(",")))
-    for arena, decode, writes, ahead, inline, landing, pipe, hs, grid in combos:
+                                    a.pipeline.split(","), a.handshake.split(","), a.copy_grid.split(","),
+                                    a.serve_thread.split(","), a.split_reads.split(",")))
+    for arena, decode, writes, ahead, inline, landing, pipe, hs, grid, aside, split in combos:
             with Engine.open(path, arena=ArenaConfig(arena, writes=writes), decode=decode, ahead=ahead_config(ahead),
                              progress=False) as eng:
                 if inline != "engine":
@@ -321,13 +327,20 @@ def main():
                     if pipe not in ("on", "off"):
                         raise SystemExit(f"--pipeline {pipe}: use on or off")
                     eng.pipeline = pipe == "on"
-                if hs not in ("engine", "token", "layer", "off"):
-                    raise SystemExit(f"--handshake {hs}: use token, layer or off")
+                if hs not in ("engine", "token", "layer", "off") and not hs.isdigit():
+                    raise SystemExit(f"--handshake {hs}: use token, layer, a number of layers or off")
                 if hs == "off":
                     eng.handshake = None
                 elif hs != "engine" and eng.handshake is not None:
-                    eng.handshake.per_layer = hs == "layer"
+                    eng.handshake.launch_every = {"token": 0, "layer": 1}.get(hs) or int(hs)
                 set_copy_grid(eng, grid)
+                for name, value in (("--serve-thread", aside), ("--split-reads", split)):
+                    if value not in ("engine", "on", "off"):
+                        raise SystemExit(f"{name} {value}: use on or off")
+                if aside != "engine" and eng.handshake is not None:
+                    eng.handshake.serve_thread = aside == "on"
+                if split != "engine":
+                    eng.io.split = split == "on"
                 for temp in temps:
                     streamed(eng, prompt, 8, temp=temp)  # warm: page cache and compiled kernels
                     r, f, s, q, stats, equal = [], [], [], [], None, True
@@ -346,6 +359,8 @@ def main():
                     label += "" if pipe == "engine" else f" pipe-{pipe}"
                     label += "" if hs == "engine" else f" hs-{hs}"
                     label += "" if grid == "engine" else f" grid-{grid}"
+                    label += "" if aside == "engine" else f" aside-{aside}"
+                    label += "" if split == "engine" else f" split-{split}"
                     if landing != "engine" and staging is not None and staging.device_copy:
                         label += " kernel" if staging.kernel else " dma"
                     print(f"{arena:>5}  {label:<10} {eng.arena.writes:<6} {temp:4.1f} {rm:8.2f} {fm:6.2f} {sm:9.2f}  {qm}  {rm / sm:10.2f}x "
@@ -357,7 +372,8 @@ def main():
                     if a.profile:
                         host_profile(eng, prompt, a.tokens, a.profile)
                     first = next(c for c in combos if c[0] == arena)
-                    if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs, grid) == first:
+                    if arena in a.trace_at.split(",") and (arena, decode, writes, ahead, inline, landing, pipe, hs, grid,
+                                                           aside, split) == first:
                         with tempfile.TemporaryDirectory() as d:
                             t = trace_pairs(eng, prompt, a.tokens, a.trace_reps or 2 * a.reps, temp, d)
                             print(f"trace (temp {temp}): untraced {statistics.median(t['plain']):.2f} ms/tok, full trace "

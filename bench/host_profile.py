@@ -8,7 +8,8 @@ Builds the model (``bench_engine``'s), warms up, then starts ``py-spy record`` o
 ``--seconds`` while it decodes long generations (a seeded 64-token prompt, then ``--tokens`` tokens each),
 and prints the functions with the most samples: inclusive (the function and what it calls) and self,
 as a share of all samples of the decoding thread. ``--native`` adds C/C++ frames (MLX's eval, CUDA's
-graph calls). Needs py-spy (``pip install py-spy``) and ptrace rights (root, or
+graph calls); py-spy then stops the process for each sample (it cannot unwind native stacks without).
+Needs py-spy (``pip install py-spy``) and ptrace rights (root, or
 ``kernel.yama.ptrace_scope=0``). The raw collapsed stacks are written to ``DIR/WHO.txt``: read them with
 any flame graph tool. ``bench_host.py`` times the engine's own functions without sampling.
 """
@@ -114,7 +115,7 @@ def profile(a, spy, path, step, stats):
     out.mkdir(parents=True, exist_ok=True)
     raw = out / f"{a.who}.txt"
     cmd = [spy, "record", "--pid", str(os.getpid()), "--rate", str(a.rate), "--duration", str(int(a.seconds)),
-           "--format", "raw", "--nonblocking", "-o", str(raw)] + (["--native"] if a.native else [])
+           "--format", "raw", "-o", str(raw)] + (["--native"] if a.native else ["--nonblocking"])
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)  # py-spy attaches
     t0 = time.perf_counter()
@@ -133,7 +134,7 @@ def profile(a, spy, path, step, stats):
     for title, rows in (("inclusive", incl), ("self", own)):
         print(f"-- {title}")
         for name, n in rows:
-            print(f"{n / max(1, total):6.1%}  {name}")
+            print(f"{n / max(1, total):6.1%}  {name[:160]}")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,29 @@ def test_read_modes_agree(tiny, bits):
     assert len(set(map(tuple, outs.values()))) == 1, outs
 
 
+def test_demand_reads_split_over_workers_agree(tiny):
+    """Blobs of several pieces (here pages): each demand miss is read by the claiming thread and the
+    idle workers at once; every read mode and slot write gives the same tokens as whole reads."""
+    import threading
+
+    from workbench.store.reader import DIRECT_ALIGN, available_modes
+
+    _, store = tiny("qwen3_moe")  # float32: a blob is several pages
+    outs = {}
+    for mode in [m for m in available_modes() if m in ("buffered", "direct")]:
+        for writes in WRITES:
+            for split in (False, True):
+                with Engine(store, arena=ArenaConfig("0.25", writes=writes), io=IOConfig(mode=mode, verify="always"),
+                            progress=False) as eng:
+                    readers = {}
+                    if split:
+                        eng.reader.piece_bytes = DIRECT_ALIGN
+                        eng.reader.inject = lambda b: readers.setdefault(id(b), set()).add(threading.get_ident())
+                    outs[mode, writes, split] = eng.generate(PROMPT, max_tokens=6).tokens
+                    assert not split or any(len(r) > 1 for r in readers.values()), (mode, writes)
+    assert len(set(map(tuple, outs.values()))) == 1, outs
+
+
 def test_full_arena_is_preloaded_and_never_syncs_per_layer(tiny):
     """An arena that holds every expert is filled at open: every token is optimistic, none misses.
     It is frozen: optimistic decode computes on views of each layer's slots, with or without a hook
@@ -297,6 +320,38 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
         full = eng.generate(PROMPT, max_tokens=8)  # nothing misses: every layer passes through
         assert full.tokens == ref[:8]
         assert eng.handshake is None or eng.handshake.passed == 7 * 4
+
+
+@pytest.mark.parametrize("writes", ["mapped", "staged"])
+def test_the_handshake_launched_in_parts_or_served_aside_is_one_result(tiny, writes):
+    """CUDA: a token launched every few MoE layers as it is built, answered from the server's thread
+    while a launch runs or only from the decoding thread: the same tokens, log-probs, claims and
+    residency as a sync per layer, greedy and sampled."""
+    import mlx.core as mx
+    from mlx_lm.sample_utils import make_sampler
+
+    from workbench.cuda import in_use
+
+    if not in_use():
+        pytest.skip("the handshake runs on CUDA only")
+    _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
+    seen = {}
+    for mode in ("sync", (0, True), (0, False), (1, True), (3, True), (3, False)):
+        with Engine(store, arena=ArenaConfig("0.3", writes=writes), decode="layer", progress=False) as eng:
+            if mode == "sync":
+                eng.handshake = None
+            else:
+                eng.handshake.launch_every, eng.handshake.serve_thread = mode
+            res = eng.generate(PROMPT, max_tokens=16)
+            mx.random.seed(5)
+            sampled = eng.generate(PROMPT, max_tokens=16, sampler=make_sampler(temp=1.0))
+        assert mode == "sync" or res.stats["handshake_tokens"] == 15, mode
+        seen[mode] = (res.tokens, sampled.tokens, res.logprobs,
+                      [res.stats[k] for k in ("hits", "misses", "evictions", "residency_hash")])
+    want = seen.pop("sync")
+    for mode, got in seen.items():
+        assert got[:2] == want[:2] and got[3] == want[3], mode
+        np.testing.assert_array_equal(got[2], want[2], err_msg=str(mode))
 
 
 def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):

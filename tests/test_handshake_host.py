@@ -27,7 +27,7 @@ class HostDevice(Handshake):
     def __init__(self, eng, give_up=False):  # no pinned mailbox, no kernel: the host answers in ``slots``
         self.k, self.placeholder, self.give_up = eng.top_k, eng.arena.placeholder, give_up
         self.claim = lambda layer, ids, z: eng.current.answer(layer, ids, z)  # the handshake pass's claim
-        self.per_layer, self.token = False, 0
+        self.launch_every, self.token = 0, 0
 
     def begin(self, through=True):
         self.token += 1
@@ -150,3 +150,42 @@ def test_the_staged_grid_follows_each_layers_landings():
     hs.grid = "fast"
     with pytest.raises(ValueError, match="adaptive, wide, one"):
         hs._grid(3)
+
+
+def test_the_server_serves_only_inside_its_block_and_raises_its_error_after():
+    """``Server.during``: the serve function runs over and over on the server's own thread (marked
+    host-only: staged rows are made there, never waited for) while the block runs, never once the
+    block has returned; a serve error is raised after the block, whose own error comes first."""
+    import threading
+    import time
+
+    from workbench.arena import staging
+    from workbench.engine.server import Server
+
+    server, calls = Server(), []
+
+    def serve():
+        calls.append((threading.current_thread().name, getattr(staging._HOST_ONLY, "on", False)))
+
+    try:
+        with server.during(serve):
+            time.sleep(0.05)  # the decoding thread in MLX's launch: the interpreter is free
+        n = len(calls)
+        time.sleep(0.01)
+        assert n > 1 and len(calls) == n and set(calls) == {("wb-serve", True)}
+        assert not getattr(staging._HOST_ONLY, "on", False)
+
+        def fails():
+            raise KeyError("answer")
+
+        with pytest.raises(KeyError, match="answer"):
+            with server.during(fails):
+                time.sleep(0.01)
+        with pytest.raises(ValueError, match="launch"):
+            with server.during(fails):
+                raise ValueError("launch")
+        with server.during(serve):  # the error was raised once: the next block starts clean
+            time.sleep(0.01)
+    finally:
+        server.close()
+    assert not server._thread.is_alive()

@@ -394,6 +394,58 @@ def test_workers_are_woken_for_every_read_they_can_take(tiny):
         reader.close()
 
 
+def test_a_demand_read_of_several_pieces_is_split_over_idle_workers(tiny):
+    """A demand read of a blob of several pieces: the waiting thread and the idle workers read its
+    pieces at once (the same bytes, checksummed); a speculative one stays on one thread; a piece that
+    fails fails the read only once no piece is still being written, with nothing left queued."""
+    import threading
+
+    from workbench.io.scheduler import DONE, FAILED, IOScheduler, ReadRequest
+    from workbench.store.manifest import Manifest, StoreError
+    from workbench.store.reader import BlobReader
+
+    _, store = tiny("qwen3_moe")  # float32: blobs of several pages
+    m = Manifest.load(store)
+    reader = BlobReader(store, m, verify="always", piece_bytes=4096)
+    io = IOScheduler(reader, workers=3, reserved=1, inline_below=0)
+    data = (store / "experts.bin").read_bytes()
+    blob = max(m.blobs.values(), key=lambda b: b.size)
+    assert len(reader.pieces([memoryview(bytearray(blob.size))])) >= 4
+    lock, seen, writing = threading.Lock(), [], [0]
+
+    def slow(b, fail_at=None):
+        with lock:
+            seen.append(threading.current_thread().name)
+            n = len(seen)
+            writing[0] += 1
+        try:
+            time.sleep(0.01)
+            if n == fail_at:
+                raise StoreError("injected")
+        finally:
+            with lock:
+                writing[0] -= 1
+
+    try:
+        for speculative in (False, True):
+            seen.clear()
+            reader.inject = slow
+            req = io.submit(ReadRequest(blob, [memoryview(bytearray(blob.size))], 0, speculative=speculative))
+            io.wait(req)
+            assert req.state == DONE and bytes(req.views[0]) == data[blob.offset:blob.offset + blob.size]
+            assert len(seen) == len(reader.pieces(req.views)) and (len(set(seen)) == 1) == speculative, seen
+            assert not io.urgent and not io.spec
+        reader.inject = lambda b: slow(b, fail_at=2)
+        seen.clear()
+        req = io.submit(ReadRequest(blob, [memoryview(bytearray(blob.size))], 0))
+        with pytest.raises(StoreError, match="injected"):
+            io.wait(req)
+        assert req.state == FAILED and writing[0] == 0 and not io.urgent
+    finally:
+        io.close()
+        reader.close()
+
+
 def test_an_interrupt_between_inline_reads_leaves_none_unsettled(tiny, monkeypatch):
     """Ctrl-C while the claiming thread reads its misses itself: the reads it made are done, the
     rest cancelled, every one settled (nothing is left for an error path to wait on forever)."""

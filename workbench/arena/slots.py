@@ -120,6 +120,9 @@ class Slots:
     def reland(self, out, pairs) -> None:
         """That kernel may not have copied them: they land with the next ``landed`` or ``flush``."""
 
+    def reclaim(self) -> None:
+        """Kernels given rows so far have run (the caller synced after them): the rows come back."""
+
     def flush(self) -> None:
         """Reads complete by now are in their slots (a host wait)."""
 
@@ -218,6 +221,9 @@ class StagedSlots(Slots):
 
     def reland(self, out, pairs) -> None:
         self.staging.reland(out, pairs)
+
+    def reclaim(self) -> None:
+        self.staging.reclaim()
 
     def flush(self) -> None:
         self.staging.flush()

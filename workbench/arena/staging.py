@@ -29,6 +29,14 @@ import numpy as np
 from .. import cuda
 from ..arrays import address
 
+_HOST_ONLY = threading.local()
+
+
+def host_only() -> None:
+    """This thread makes no MLX call (the handshake's server, ``engine.server``): a row it cannot
+    take free is made, never waited for."""
+    _HOST_ONLY.on = True
+
 
 class Row:
     __slots__ = ("chunk", "views", "ptrs", "srcs", "device")
@@ -42,7 +50,8 @@ class Row:
 class Staging:
     """Bounce rows for the slot tensors ``tensors`` ([n_slots + 1, ...] MLX arrays, in the slot's
     order); a row's ``views`` are one writable byte view per tensor (what a read fills). Rows are
-    taken and given back on the decode thread; any reading thread may ``land`` one. ``rows``: how
+    taken and given back on the decode thread (or the thread serving for it: ``host_only``); any
+    reading thread may ``land`` one. ``rows``: how
     many are made at once, up front (pinning host memory takes about 0.5 ms per MB on CUDA: a prompt
     that grew the rows as it went paid it in its time to first token); more are made as needed."""
 
@@ -74,7 +83,7 @@ class Staging:
 
     def take(self) -> Row:
         if not self.free:
-            if self._inflight:  # the oldest landing kernel has run by now (a later sync waited for it)
+            if self._inflight and not getattr(_HOST_ONLY, "on", False):  # its oldest kernel has run by now
                 out, rows = self._inflight.popleft()
                 mx.eval(out)
                 self.free.extend(rows)
@@ -101,15 +110,17 @@ class Staging:
     def flush(self) -> None:
         """Every pending row is in its slot (waits for it), and given back."""
         if self._land_pending(np.zeros(1, dtype=np.uint32)) is not None:
-            self._reclaim()
+            self.reclaim()
 
     def drain(self) -> None:
         """Every landing has run (waits for them) and every row is back: the end of a request."""
         self.flush()
-        self._reclaim()
+        self.reclaim()
 
-    def _reclaim(self) -> None:
+    def reclaim(self) -> None:
         """Wait for every landing kernel launched so far and give their rows back."""
+        if not self._inflight:
+            return
         mx.eval([out for out, _ in self._inflight])
         while self._inflight:
             self.free.extend(self._inflight.popleft()[1])

@@ -343,6 +343,8 @@ class Engine(SpeculativeMixin):
         return gate_weights(self.family, self.blocks[layer], z, ids.reshape(-1, ids.shape[-1]))
 
     def close(self):
+        if self.handshake is not None:
+            self.handshake.close()
         if self.io is not None:
             self.io.close()
         if self.arena is not None:

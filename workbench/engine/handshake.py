@@ -5,8 +5,8 @@ syncs: ``mx.eval`` of the ids, the claim, then the rest of the layer is launched
 engine instead puts one small kernel before each layer's experts, in the device's stream. The
 kernel writes the layer's ids to the layer's *mailbox* in pinned host memory, waits until the
 host has claimed them and written their slot ids back, and outputs those slot ids, which the
-experts compute with. The host builds and launches the whole token (``per_layer``: layer by
-layer, each launched as it is built) and answers each mailbox as its ids arrive, in layer order:
+experts compute with. The host builds and launches the whole token (``launch_every``: a few
+layers at a time, each part launched as it is built) and answers each mailbox as its ids arrive, in layer order:
 the claims of per-layer decode, in its order (one result: the same counters and residency), with
 no sync and no launch between a layer's ids and its experts.
 
@@ -58,6 +58,7 @@ token's answer is in and how many copies it lands.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections import deque
@@ -68,6 +69,7 @@ import numpy as np
 from .. import cuda
 from ..arena.staging import COPY_HEADER
 from ..arrays import address
+from .server import Server
 
 HOST_TIMEOUT_S = 60.0  # how long the host waits for the device to reach a layer
 COPY_WAIT_S = 20  # how long the copying blocks wait for the handshake's block (``_SOURCE``), then trap
@@ -254,6 +256,8 @@ class Handshake:
     copies = 0  # staged copies one answer may land
     passed = 0  # layers that passed through on the table, over this handshake's life
     LANES = 2
+    serve_thread = True  # answer from a second thread while a launch runs (``serving``)
+    server = None
 
     def __init__(self, layers, top_k, placeholder, timeout_s=0.05, extra=0, lut=None, copies=0):
         """``lut``: the arena's residency map (``Arena.map``), whose expert->slot table in
@@ -308,8 +312,9 @@ class Handshake:
         mx.eval(list(self.go.values()))
         self.kernel = mx.fast.cuda_kernel(name="workbench_handshake", input_names=["ids", "box_at", "extra", "lut_at", "go"],
                                           output_names=["out"], source=_SOURCE, header=_HEADER + COPY_HEADER + _HANDSHAKE)
-        self.per_layer = False  # True: launch each layer as it is built; False: the whole token at once (faster:
-        # bench/RESULTS.md, bench_engine, "Whole-token handshake")
+        self.launch_every = 0  # launch the token every this many MoE layers as it is built (serving between), or
+        # 0: the whole token at once (faster where launches cost more than the serving they allow: bench/RESULTS.md,
+        # bench_engine, "Whole-token handshake")
         self.token = 0
 
     @classmethod
@@ -335,6 +340,21 @@ class Handshake:
                              f"blocks wait {COPY_WAIT_S} s for its answer), not {seconds:g}")
         for off in self.box.values():
             self.words[off + _LIMIT] = int(seconds * 1e9)
+
+    def serving(self, serve):
+        """A context in which ``serve()`` runs over and over on the server's thread (``server.py``):
+        for the length of a launch, where the decoding thread lets go of the interpreter. Nothing
+        where ``serve`` is None or ``serve_thread`` is off."""
+        if serve is None or not self.serve_thread:
+            return contextlib.nullcontext()
+        if self.server is None:
+            self.server = Server()
+        return self.server.during(serve)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
     # ---- one token ---------------------------------------------------------------------
     def begin(self, through=True) -> Flight:

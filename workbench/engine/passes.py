@@ -211,13 +211,30 @@ class HandshakePass(SyncPass):
         if target is not None:
             self.plans[layer] = target, z
         y = inner(x, self.hs.slots(self.flight, layer, indices, z if isinstance(z, mx.array) else None))
-        if self.hs.per_layer:
-            mx.async_eval(y)
-            self.flight.last = y
-            self.serve(wait=False)  # earlier layers whose ids have arrived
-        if self.serving is not None:
-            self.serving.serve(wait=False)  # the token before: what it has sent while this one is built
+        every = self.hs.launch_every
+        if every and len(self.flight.tickets) % every == 0:  # this part of the token: launched now
+            self.launch(y)
+        self.serve_launched()
         return y
+
+    def serve_launched(self):
+        """Answer what has arrived, in claim order: the token before (still on the device while this
+        one is built), then this one's launched layers, once the token before is answered to its end."""
+        if self.serving is not None:
+            self.serving.serve(wait=False)
+            if self.serving.flight.queue:
+                return
+        if self.flight.last is not None:
+            self.serve(wait=False)
+
+    def launch(self, y):
+        """``mx.async_eval(y)``, served meanwhile from the server's thread (``serve_launched``) where
+        answers make no MLX call: no hook is on and no planner reads ahead (their callbacks may)."""
+        run = self.run
+        self.flight.last = y  # launched (an abort waits for it)
+        aside = not run.engine.hooks.active and run.planner is None
+        with self.hs.serving(self.serve_launched if aside else None):
+            mx.async_eval(y)
 
     def start(self, y):
         """Build the token's graph and launch it."""
@@ -230,8 +247,7 @@ class HandshakePass(SyncPass):
         try:
             self.out = run.forward(self, y)
             self.next, self.token = run.token_out(self.out)
-            mx.async_eval(self.token)
-            self.flight.last = self.token
+            self.launch(self.token)
         except BaseException:
             hs.abort(self.flight)  # the device finishes on the placeholder: nothing reads a slot after this
             raise
@@ -259,6 +275,7 @@ class HandshakePass(SyncPass):
                 reseed(self.key)
             self.next, token = run.token_out(self.out)
             self.host = np.array(token)
+        run.arena.slots.reclaim()  # the token synced: the rows its answers landed come back
         return super().finish()
 
     def drop(self) -> None:

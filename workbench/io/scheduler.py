@@ -3,7 +3,10 @@
 Some workers (``reserved``) serve only urgent reads, so speculation never delays a
 demand miss. A read in progress is never preempted; it runs piece by piece, and a
 cancelled read stops between pieces (partially read) or never starts (cancelled
-before read). Queued speculative reads can be promoted to urgent.
+before read). Queued speculative reads can be promoted to urgent. A demand read of
+several pieces (a blob over ``reader.PIECE_BYTES``) is split over the workers idle when it
+starts: they and the reading thread take its pieces one at a time (``Parts``), so a
+megabyte miss costs the waiting thread a piece, not the blob, and the disk sees them at once.
 """
 
 from __future__ import annotations
@@ -65,6 +68,42 @@ class ReadRequest:
         return self.state in (DONE, CANCELLED, FAILED)
 
 
+class Parts:
+    """The pieces of one demand read (callables), taken one at a time by the thread that reads it
+    and by the idle workers woken to help; the first error stops the rest."""
+
+    __slots__ = ("jobs", "done", "taken", "error", "_lock")
+
+    def __init__(self, jobs):
+        self.jobs, self.done, self.taken, self.error = jobs, [Done() for _ in jobs], 0, None
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        """Read pieces until none is left; errors are kept for ``wait`` (on a worker: for the reader)."""
+        while True:
+            with self._lock:
+                i = self.taken
+                if i == len(self.jobs) or self.error is not None:
+                    return
+                self.taken += 1
+            try:
+                self.jobs[i]()
+            except BaseException as e:  # an interrupt on the reading thread too: raised by ``wait``
+                if self.error is None:
+                    self.error = e
+            finally:
+                self.done[i].set()
+
+    def wait(self) -> None:
+        """Every piece taken has finished (none is still writing); then raise the first error."""
+        with self._lock:
+            taken = self.taken
+        for done in self.done[:taken]:
+            done.wait()
+        if self.error is not None:
+            raise self.error
+
+
 class IOScheduler:
     def __init__(self, reader, workers: int = 8, reserved: int = 2, inline_below: int = 256 * 1024):
         if workers < 1:
@@ -82,6 +121,7 @@ class IOScheduler:
         self._reserved_cv = threading.Condition(lock)  # workers reserved for urgent reads wait here
         self._idle = {False: 0, True: 0}  # workers waiting on each (reserved: True), not yet woken
         self.inline_below = inline_below
+        self.split = True  # demand reads of several pieces are split over idle workers (module docstring)
         self._stop = False
         self.workers = workers
         self.reserved = reserved if workers > 1 else 0
@@ -182,8 +222,9 @@ class IOScheduler:
                 interrupt = None
                 try:
                     probe = not req.speculative and self.reader.through_page_cache  # demand reads: was it cached?
-                    req.bytes_read, req.page_cached = self.reader.read_probed(req.blob, req.views,
-                                                                              lambda: req.cancel_flag, probe)
+                    req.bytes_read, req.page_cached = self.reader.read_probed(
+                        req.blob, req.views, lambda: req.cancel_flag, probe,
+                        self._share if self.split and not req.speculative else None)
                     state = CANCELLED if req.bytes_read < req.blob.size else DONE
                     if state == DONE and req.land is not None:
                         req.land(req)
@@ -201,13 +242,30 @@ class IOScheduler:
                     req.state = states[i] if i < len(states) else CANCELLED  # never read
                     req.event.set()
 
+    def _share(self, jobs) -> None:
+        """Run one demand read's pieces (``jobs``) on this thread and on the workers idle now, at
+        once; returns (or raises the first error) once every piece taken has finished."""
+        parts = Parts(jobs)
+        with self._lock:
+            n = min(len(jobs) - 1, self._idle[True] + self._idle[False])
+            self.urgent.extendleft([parts] * n)
+            self._wake(n, True)
+        try:
+            parts.run()
+        finally:
+            if n:
+                with self._lock:  # helpers not woken in time find nothing left: take them off the queue
+                    self.urgent = deque(r for r in self.urgent if r is not parts)
+            parts.wait()
+
     def close(self):
         with self._lock:
             self._stop = True
             for q in (self.urgent, self.spec):
                 for req in q:
-                    req.state = CANCELLED
-                    req.event.set()
+                    if not isinstance(req, Parts):  # a split read's helpers: its reader waits for its own pieces
+                        req.state = CANCELLED
+                        req.event.set()
                 q.clear()
             self.cv.notify_all()
             self._reserved_cv.notify_all()
@@ -244,7 +302,13 @@ class IOScheduler:
                 req = self._take(urgent_only)
                 if req is None:
                     return
-                req.state = RUNNING
+                if isinstance(req, Parts):  # pieces of a read another thread is reading
+                    parts = req
+                else:
+                    parts, req.state = None, RUNNING
+            if parts is not None:
+                parts.run()
+                continue
             try:
                 self._run_all((req,))
             except BaseException:  # recorded on the request (``req.error``): its waiter raises it

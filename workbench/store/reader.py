@@ -9,6 +9,8 @@ nocache    F_NOCACHE on the descriptor (macOS)
 
 from __future__ import annotations
 
+import functools
+import itertools
 import mmap
 import os
 import sys
@@ -101,36 +103,49 @@ class BlobReader:
         """Read ``blob`` into ``views``; returns bytes read (less than blob.size if cancelled)."""
         return self.read_probed(blob, views, cancelled, probe=False)[0]
 
-    def read_probed(self, blob: Blob, views, cancelled=lambda: False, probe=True) -> tuple[int, bool | None]:
+    def read_probed(self, blob: Blob, views, cancelled=lambda: False, probe=True, share=None) -> tuple[int, bool | None]:
         """``read``, and whether the whole blob was in the page cache before it (None where the OS
         cannot say). Buffered reads on Linux ask first with ``RWF_NOWAIT`` (the answer costs
-        nothing: a piece that would wait is read again normally); elsewhere ``mincore`` answers."""
-        done = 0
+        nothing: a piece that would wait is read again normally); elsewhere ``mincore`` answers.
+        ``share(jobs)``: runs the pieces' reads at once, this thread taking part, and returns when
+        all are done (``IOScheduler``: a demand read split over idle workers); None: one after
+        another here, stopping between pieces once ``cancelled()``."""
         nowait = probe and self._nowait
-        cached = (True if nowait else self.page_cache.cached(blob.offset, blob.size)) if probe else None
+        probed = {"cached": (True if nowait else self.page_cache.cached(blob.offset, blob.size)) if probe else None,
+                  "nowait": nowait}
         stamp = self._stamp() if self.verify == "changed" else None  # before the read: a later change re-checks
-        for piece, n, aligned in self.pieces(views):
-            if cancelled():
-                return done, cached
+        pieces = self.pieces(views)
+        starts = [0, *itertools.accumulate(n for _, n, _ in pieces)]
+
+        def read_piece(i):
+            (piece, n, aligned), offset = pieces[i], blob.offset + starts[i]
             if self.inject is not None:
                 self.inject(blob)
-            got = self._try_cached(blob.offset + done, piece, n) if nowait and cached else 0
+            asked = probed["nowait"] and probed["cached"]
+            got = self._try_cached(offset, piece, n) if asked else 0
             if got != n:
-                if nowait and cached:
-                    cached, nowait = self._refused(blob), False  # mincore answered for this whole read
-                got = self._read_piece(blob.offset + done, piece, n, aligned)
-            elif nowait:  # honoured
+                if asked:
+                    probed["cached"], probed["nowait"] = self._refused(blob), False  # mincore answered for the blob
+                got = self._read_piece(offset, piece, n, aligned)
+            elif asked:  # honoured
                 self._refusals = 0
             if got != n:
                 raise StoreError(
-                    f"short read of layer {blob.layer} expert {blob.expert}: got {done + got} of {blob.size} bytes "
-                    f"at offset {blob.offset} in {self.path}; the store is truncated, pack the model again"
+                    f"short read of layer {blob.layer} expert {blob.expert}: got {starts[i] + got} of {blob.size} "
+                    f"bytes at offset {blob.offset} in {self.path}; the store is truncated, pack the model again"
                 )
-            done += n
+
+        if share is not None and len(pieces) > 1:
+            share([functools.partial(read_piece, i) for i in range(len(pieces))])
+        else:
+            for i in range(len(pieces)):
+                if cancelled():
+                    return starts[i], probed["cached"]
+                read_piece(i)
         if self.mode == "dontneed":
             os.posix_fadvise(self.fd, blob.offset, blob.size, os.POSIX_FADV_DONTNEED)
         self._check(blob, views, stamp)
-        return done, cached
+        return starts[-1], probed["cached"]
 
     def _refused(self, blob) -> bool | None:
         """A read that would wait: mincore says whether the blob was cached all the same. A kernel
