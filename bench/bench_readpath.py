@@ -3,18 +3,21 @@ of the same file in the same mode, on a store with blobs of 1 MiB or more; and t
 a read in a slot that the device then computes on, per slot-write mode (direct: preadv into the
 slot's memory; mapped: the same into slot memory kept on the host and read by the GPU over the bus,
 CUDA; staged: preadv into a pinned bounce row, then a copy into the slot), one expert and a layer's
-worth of experts per claim, on that store and on the reference model's.
+worth of experts per claim, on that store and on the reference model's; and one demand miss at a
+time, warm and cold, its pieces split over the idle I/O workers against read by the waiting thread.
 
     python bench/bench_readpath.py [--store DIR] [--device gpu] [--slot-writes-only]
 """
 
 import argparse
 import platform
+
+import numpy as np
 from pathlib import Path
 
 from workbench.data import default_model
 from workbench.fsutil import cache_dir
-from workbench.io.readpath import read_path_table
+from workbench.io.readpath import demand_read_us, read_path_table
 from workbench.store.cache import resolve_store
 from workbench.store.manifest import Manifest
 
@@ -119,6 +122,13 @@ def main():
                 print(f"    {writes:<48} {us:9.1f} us")
     if a.slot_writes_only:
         return
+    m = Manifest.load(store)
+    print(f"one demand miss at a time ({m.expert_bytes / 1e6:.2f} MB blobs, {a.reps} runs): median microseconds, "
+          "its pieces split over idle workers against read by the waiting thread alone")
+    for cold in (False, True):
+        split, whole = ([demand_read_us(store, split=sp, cold=cold) for _ in range(a.reps)] for sp in (True, False))
+        print(f"  {'cold' if cold else 'warm'}: split {np.median(split):8.1f} us, whole {np.median(whole):8.1f} us "
+              f"({np.median(whole) / np.median(split):.2f}x)")
     df = read_path_table(store, reps=a.reps)
     print(f"store {store} | {platform.machine()} {platform.system()} | medians of {a.reps}")
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

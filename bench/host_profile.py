@@ -8,7 +8,8 @@ Builds the model (``bench_engine``'s), warms up, then starts ``py-spy record`` o
 ``--seconds`` while it decodes long generations (a seeded 64-token prompt, then ``--tokens`` tokens each),
 and prints the functions with the most samples: inclusive (the function and what it calls) and self,
 as a share of all samples of the decoding thread. ``--native`` adds C/C++ frames (MLX's eval, CUDA's
-graph calls); py-spy then stops the process for each sample (it cannot unwind native stacks without).
+graph calls); py-spy then stops the process for each sample (it cannot unwind native stacks without),
+so the handshake's device waits up to 5 s for an answer instead of giving the token up.
 Needs py-spy (``pip install py-spy``) and ptrace rights (root, or
 ``kernel.yama.ptrace_scope=0``). The raw collapsed stacks are written to ``DIR/WHO.txt``: read them with
 any flame graph tool. ``bench_host.py`` times the engine's own functions without sampling.
@@ -88,6 +89,8 @@ def main():
     eng, stats = None, None
     if a.who == "engine":
         eng = Engine.open(path, arena=ArenaConfig(a.arena, writes=a.writes), progress=False)
+        if a.native and eng.handshake is not None:  # py-spy stops the process for each sample: the device must
+            eng.handshake.set_timeout(5.0)  # not give a token up meanwhile (a recompute would skew the samples)
         stats = {}
 
         def step():

@@ -139,6 +139,15 @@ def test_read_path_table_reports_the_spread_of_repeats(tiny):
     assert ((t.gbps_min <= t.gbps) & (t.gbps <= t.gbps_max)).all() and (t.gbps_min > 0).all()
 
 
+def test_demand_read_latency_is_timed_split_and_whole_cold_and_warm(tiny):
+    from workbench.io.readpath import demand_read_us
+
+    _, store = tiny("qwen3_moe")
+    times = [demand_read_us(store, split=split, cold=cold, workers=2, n=4) for split in (True, False)
+             for cold in (False, True)]
+    assert all(0 < t < 1e6 for t in times), times
+
+
 def test_missing_trace_columns_name_the_flag_that_records_them():
     import pandas as pd
     import pytest

@@ -72,7 +72,7 @@ class Engine(SpeculativeMixin):
         arena = as_arena(arena)
         if not isinstance(io, IOConfig) or not (ahead is None or isinstance(ahead, AheadConfig)):
             raise TypeError("Engine: io must be an IOConfig and ahead an AheadConfig (workbench.config)")
-        self.reader = self.io = self.arena = None
+        self.reader = self.io = self.arena = self.handshake = None
         if not isinstance(kv, KVConfig):
             raise TypeError("Engine: kv must be a KVConfig (workbench.config)")
         self.kv = kv

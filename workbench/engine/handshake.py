@@ -36,6 +36,10 @@ planner turns it off (``HandshakePass.start``), and a cache-aware router never u
 so a token can be built and launched while the one before it is still served (``Flight``: one
 token's state; ``Run.launch_ahead``).
 
+*Served aside*: launching a token (``mx.async_eval``) is milliseconds of MLX's C++ during which the
+decoding thread answers nothing; a second thread serves the tokens in flight meanwhile
+(``server.py``, ``serve_thread``), in claim order, never a token ahead of its step.
+
 *Staged slots* land in the device's stream too: the answer's reads were made into pinned bounce
 rows (``slots.hand_over``), and the layer's handshake kernel copies them into their slots once
 the answer is in (the copies travel in the mailbox, tagged with the ticket), before the experts

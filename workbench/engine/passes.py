@@ -219,12 +219,14 @@ class HandshakePass(SyncPass):
 
     def serve_launched(self):
         """Answer what has arrived, in claim order: the token before (still on the device while this
-        one is built), then this one's launched layers, once the token before is answered to its end."""
+        one is built), then this one's launched layers, once the token before is answered to its end
+        and this token's step has begun (its claims count in its step, and the residency after each
+        step must not depend on timing)."""
         if self.serving is not None:
             self.serving.serve(wait=False)
             if self.serving.flight.queue:
                 return
-        if self.flight.last is not None:
+        if self.flight.last is not None and self.step == self.run.step:  # never ahead of its step: claims count there
             self.serve(wait=False)
 
     def launch(self, y):

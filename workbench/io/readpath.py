@@ -56,6 +56,34 @@ def sequential_gbps(path, mode="buffered", chunk=1 << 20, cold=True, limit=None)
     return off / (time.perf_counter() - t0) / 1e9
 
 
+def demand_read_us(store, split=True, cold=False, mode="buffered", workers=8, n=48, seed=0) -> float:
+    """Median microseconds of one demand miss at a time (what a decode claim waits for), each blob
+    read into its own slot-sized buffer through the real scheduler and reader: ``split`` its pieces
+    over the idle workers (``IOScheduler.split``) or read by the waiting thread alone."""
+    m = Manifest.load(store)
+    path = os.path.join(store, EXPERTS)
+    blobs = random.Random(seed).sample(list(m.blobs.values()), min(n, len(m.blobs)))
+    buf = mmap.mmap(-1, m.expert_bytes)
+    reader = BlobReader(store, m, mode=mode, verify="never")
+    io = IOScheduler(reader, workers=workers, reserved=min(2, workers), inline_below=0)
+    io.split = split
+    times = []
+    try:
+        if cold:
+            drop_cache(path)
+        else:
+            for b in blobs:
+                io.wait(io.submit(ReadRequest(b, [memoryview(buf)[:b.size]], 0)))
+        for b in blobs:
+            t0 = time.perf_counter()
+            io.wait(io.submit(ReadRequest(b, [memoryview(buf)[:b.size]], 0)))
+            times.append(time.perf_counter() - t0)
+    finally:
+        io.close()
+        reader.close()
+    return float(np.median(times)) * 1e6
+
+
 def blobs_gbps(store, mode="buffered", threads=4, cold=True, n_slots=64, seed=0, order="random") -> float:
     """GB/s of reading every blob once (``order``: "random", as decode does, or "file") into
     arena-like slots through the real scheduler and reader."""
