@@ -10,7 +10,6 @@ nocache    F_NOCACHE on the descriptor (macOS)
 from __future__ import annotations
 
 import functools
-import itertools
 import mmap
 import os
 import sys
@@ -111,41 +110,50 @@ class BlobReader:
         all are done (``IOScheduler``: a demand read split over idle workers); None: one after
         another here, stopping between pieces once ``cancelled()``."""
         nowait = probe and self._nowait
-        probed = {"cached": (True if nowait else self.page_cache.cached(blob.offset, blob.size)) if probe else None,
-                  "nowait": nowait}
+        cached = (True if nowait else self.page_cache.cached(blob.offset, blob.size)) if probe else None
         stamp = self._stamp() if self.verify == "changed" else None  # before the read: a later change re-checks
         pieces = self.pieces(views)
-        starts = [0, *itertools.accumulate(n for _, n, _ in pieces)]
-
-        def read_piece(i):
-            (piece, n, aligned), offset = pieces[i], blob.offset + starts[i]
-            if self.inject is not None:
-                self.inject(blob)
-            asked = probed["nowait"] and probed["cached"]
-            got = self._try_cached(offset, piece, n) if asked else 0
-            if got != n:
-                if asked:
-                    probed["cached"], probed["nowait"] = self._refused(blob), False  # mincore answered for the blob
-                got = self._read_piece(offset, piece, n, aligned)
-            elif asked:  # honoured
-                self._refusals = 0
-            if got != n:
-                raise StoreError(
-                    f"short read of layer {blob.layer} expert {blob.expert}: got {starts[i] + got} of {blob.size} "
-                    f"bytes at offset {blob.offset} in {self.path}; the store is truncated, pack the model again"
-                )
-
+        done = 0
         if share is not None and len(pieces) > 1:
-            share([functools.partial(read_piece, i) for i in range(len(pieces))])
+            refusals, jobs = [], []
+            for piece, n, aligned in pieces:
+                jobs.append(functools.partial(lambda *a: refusals.append(self._piece(*a)), blob, done, piece, n,
+                                              aligned, nowait and cached))
+                done += n
+            share(jobs)
+            cached = next((r for r in refusals if r is not None), cached)
         else:
-            for i in range(len(pieces)):
+            for piece, n, aligned in pieces:
                 if cancelled():
-                    return starts[i], probed["cached"]
-                read_piece(i)
+                    return done, cached
+                refused = self._piece(blob, done, piece, n, aligned, nowait and cached)
+                if refused is not None:
+                    cached, nowait = refused, False
+                done += n
         if self.mode == "dontneed":
             os.posix_fadvise(self.fd, blob.offset, blob.size, os.POSIX_FADV_DONTNEED)
         self._check(blob, views, stamp)
-        return starts[-1], probed["cached"]
+        return done, cached
+
+    def _piece(self, blob, at, piece, n, aligned, asked):
+        """Read the blob's piece at ``at`` bytes in; ``asked``: with ``RWF_NOWAIT`` first. Returns
+        mincore's answer for the whole blob where the kernel refused that (else None)."""
+        if self.inject is not None:
+            self.inject(blob)
+        got = self._try_cached(blob.offset + at, piece, n) if asked else 0
+        refused = None
+        if got != n:
+            if asked:
+                refused = self._refused(blob)
+            got = self._read_piece(blob.offset + at, piece, n, aligned)
+        elif asked:  # honoured
+            self._refusals = 0
+        if got != n:
+            raise StoreError(
+                f"short read of layer {blob.layer} expert {blob.expert}: got {at + got} of {blob.size} bytes "
+                f"at offset {blob.offset} in {self.path}; the store is truncated, pack the model again"
+            )
+        return refused
 
     def _refused(self, blob) -> bool | None:
         """A read that would wait: mincore says whether the blob was cached all the same. A kernel
