@@ -332,7 +332,7 @@ def main():
                 if hs == "off":
                     eng.handshake = None
                 elif hs != "engine" and eng.handshake is not None:
-                    eng.handshake.launch_every = {"token": 0, "layer": 1}.get(hs) or int(hs)
+                    eng.handshake.launch_every = 0 if hs == "token" else 1 if hs == "layer" else int(hs)
                 set_copy_grid(eng, grid)
                 for name, value in (("--serve-thread", aside), ("--split-reads", split)):
                     if value not in ("engine", "on", "off"):
