@@ -246,6 +246,7 @@ class Flight:
         self.extras: dict = {}  # layer -> how many extra values its kernel sends
         self.saved: dict = {}  # decoder layer -> its output in this token (LayerProbe; a recovery starts from one)
         self.copied: dict = {}  # layer -> (its kernel's output, the (row, slot) it copies)
+        self.passed: list = []  # (layer, ids, slots used) that passed through, not settled yet (``Handshake.serve``)
         self.void = False  # the device gave this token up: later layers have no ids
         self.last = None  # the latest output launched (abort waits for it)
 
@@ -412,13 +413,24 @@ class Handshake:
         self.words[off + _COPY_TICKET] = f.tickets[layer]  # last: the kernel reads the copies once it sees it
         f.copied[layer] = (f.copied[layer][0], pairs)
 
+    def arrived(self, f: Flight) -> bool:
+        """Whether ``serve`` has anything to do for token ``f`` now: its next layer's ids are in (or
+        the device gave the token up)."""
+        if not f.queue:
+            return False
+        layer, ticket = f.queue[0]
+        return f.void or self.words[self.box[f.lane, layer] + _READY] == ticket
+
     def serve(self, f: Flight, claim, wait: bool, settle=None) -> float:
         """Answer token ``f``'s queued layers whose ids have arrived, in order (all of them with
         ``wait``): ``claim(layer, ids, extra) -> slot ids`` (extra: the layer's float32 values, or
-        None). Layers that passed through are claimed as hits: by ``settle(layers, ids, used)`` for a
-        run of them in one go where given (``used``: the slots each computed on), else by ``claim``,
-        whose slots must be the ones used. Returns the seconds spent waiting for the device."""
-        waited, passed = 0.0, []
+        None). Layers that passed through are claimed as hits: by ``settle(layers, ids, used)`` for
+        the run of them since the last claim, in one go where given (``used``: the slots each computed
+        on), else by ``claim``, whose slots must be the ones used. Such a run is settled before the
+        next claim, before a wait, and once the token is answered to its end (nothing of the next
+        token is claimed before), not on every call: a token that hits everywhere settles once.
+        Returns the seconds spent waiting for the device."""
+        waited, passed = 0.0, f.passed
         while f.queue:
             layer, ticket = f.queue[0]
             off = self.box[f.lane, layer]
@@ -448,7 +460,8 @@ class Handshake:
             self.words[off + _HEAD + self.k:off + _HEAD + 2 * self.k] = slots
             self.words[off + _DONE] = ticket
             f.queue.popleft()
-        self._settle(passed, settle)
+        if not f.queue:
+            self._settle(passed, settle)
         return waited
 
     def gave_up(self, f: Flight):
@@ -469,6 +482,7 @@ class Handshake:
         waiting for it."""
         ctl = self.control[f.lane]
         self.words[ctl + _POISON] = self.words[ctl + _TOKEN]
+        f.passed.clear()  # the run ends in an error, or the token's step never began (nothing was claimed)
         while f.queue:
             layer, ticket = f.queue.popleft()
             off = self.box[f.lane, layer]

@@ -231,10 +231,11 @@ class HandshakePass(SyncPass):
 
     def launch(self, y):
         """``mx.async_eval(y)``, served meanwhile from the server's thread (``serve_launched``) where
-        answers make no MLX call: no hook is on and no planner reads ahead (their callbacks may)."""
+        answers make no MLX call: every hook is host-only (a trace recorder's are) and no planner
+        reads ahead (their callbacks may)."""
         run = self.run
         self.flight.last = y  # launched (an abort waits for it)
-        aside = not run.engine.hooks.active and run.planner is None
+        aside = run.engine.hooks.host_only and run.planner is None
         with self.hs.serving(self.serve_launched if aside else None):
             mx.async_eval(y)
 
@@ -284,6 +285,8 @@ class HandshakePass(SyncPass):
         self.hs.abort(self.flight)
 
     def serve(self, wait):
+        if not wait and not self.hs.arrived(self.flight):  # most calls while a token is built: nothing new
+            return
         run = self.run
         run.last = self  # the pass whose values the claims' hook points read (one may be building ahead)
         settle = self.settle if run.claims.can_settle(run.planner) else None

@@ -18,7 +18,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ..store.manifest import EXPERTS, Manifest
-from ..store.reader import BlobReader, available_modes
+from ..store.reader import PIECE_BYTES, BlobReader, available_modes
 from .scheduler import IOScheduler, ReadRequest
 
 
@@ -56,15 +56,17 @@ def sequential_gbps(path, mode="buffered", chunk=1 << 20, cold=True, limit=None)
     return off / (time.perf_counter() - t0) / 1e9
 
 
-def demand_read_us(store, split=True, cold=False, mode="buffered", workers=8, n=48, seed=0) -> float:
+def demand_read_us(store, split=True, cold=False, mode="buffered", workers=8, n=48, seed=0,
+                   piece_bytes=PIECE_BYTES) -> float:
     """Median microseconds of one demand miss at a time (what a decode claim waits for), each blob
     read into its own slot-sized buffer through the real scheduler and reader: ``split`` its pieces
-    over the idle workers (``IOScheduler.split``) or read by the waiting thread alone."""
+    over the idle workers (``IOScheduler.split``) or read by the waiting thread alone; pieces of
+    ``piece_bytes``."""
     m = Manifest.load(store)
     path = os.path.join(store, EXPERTS)
     blobs = random.Random(seed).sample(list(m.blobs.values()), min(n, len(m.blobs)))
     buf = mmap.mmap(-1, m.expert_bytes)
-    reader = BlobReader(store, m, mode=mode, verify="never")
+    reader = BlobReader(store, m, mode=mode, verify="never", piece_bytes=piece_bytes)
     io = IOScheduler(reader, workers=workers, reserved=min(2, workers), inline_below=0)
     io.split = split
     times = []
