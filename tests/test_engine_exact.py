@@ -323,35 +323,47 @@ def test_the_handshake_serves_per_layer_tokens_on_cuda_only(tiny):
 
 
 @pytest.mark.parametrize("writes", ["mapped", "staged"])
-def test_the_handshake_launched_in_parts_or_served_aside_is_one_result(tiny, writes):
+def test_the_handshake_launched_in_parts_or_served_aside_is_one_result(tiny, writes, tmp_path):
     """CUDA: a token launched every few MoE layers as it is built, answered from the server's thread
-    while a launch runs or only from the decoding thread: the same tokens, log-probs, claims and
-    residency as a sync per layer, greedy and sampled."""
+    while a launch runs or only from the decoding thread, traced or not (a recorder's hooks are
+    host-only: still served aside): the same tokens, log-probs, claims and residency as a sync per
+    layer, greedy and sampled, and the same trace."""
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
     from workbench.cuda import in_use
+    from workbench.trace.recorder import TraceRecorder
+    from workbench.trace.schema import read_trace
 
     if not in_use():
         pytest.skip("the handshake runs on CUDA only")
     _, store = tiny("qwen3_moe", 4, layers=4, experts=16, top_k=4)
-    seen = {}
-    for mode in ("sync", (0, True), (0, False), (1, True), (3, True), (3, False)):
+    seen, routes = {}, {}
+    for mode in ("sync", (0, True), (0, False), (1, True), (3, True), (3, False), "traced"):
         with Engine(store, arena=ArenaConfig("0.3", writes=writes), decode="layer", progress=False) as eng:
             if mode == "sync":
                 eng.handshake = None
-            else:
+            elif mode != "traced":
                 eng.handshake.launch_every, eng.handshake.serve_thread = mode
-            res = eng.generate(PROMPT, max_tokens=16)
+            trace = TraceRecorder(tmp_path / f"{len(seen)}.parquet") if mode in ("sync", "traced") else None
+            res = eng.generate(PROMPT, max_tokens=16, trace=trace)
+            if mode == "traced":
+                assert eng.handshake.server is not None  # answered aside
             mx.random.seed(5)
             sampled = eng.generate(PROMPT, max_tokens=16, sampler=make_sampler(temp=1.0))
         assert mode == "sync" or res.stats["handshake_tokens"] == 15, mode
         seen[mode] = (res.tokens, sampled.tokens, res.logprobs,
                       [res.stats[k] for k in ("hits", "misses", "evictions", "residency_hash")])
+        if trace is not None:
+            routes[mode] = read_trace(trace.path).routes
     want = seen.pop("sync")
     for mode, got in seen.items():
         assert got[:2] == want[:2] and got[3] == want[3], mode
         np.testing.assert_array_equal(got[2], want[2], err_msg=str(mode))
+    a, b = routes["traced"], routes["sync"]
+    assert len(a) == len(b) and a[["step", "layer"]].equals(b[["step", "layer"]])
+    for col in ("selected", "resident"):
+        assert [list(x) for x in a[col]] == [list(x) for x in b[col]], col
 
 
 def test_a_device_that_gives_up_waiting_costs_time_not_exactness(tiny):

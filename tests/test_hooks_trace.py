@@ -506,3 +506,24 @@ def test_direct_reads_land_straight_in_page_aligned_buffers(tiny):
     finally:
         direct.close()
         plain.close()
+
+
+def test_hooks_are_host_only_while_every_subscriber_was_added_so():
+    """``Hooks.host_only``: true with no subscriber or only host-only ones (exact names and
+    patterns), false once any other is added, true again once it is removed."""
+    from workbench.hooks import Hooks
+
+    hooks, keep, call_mlx = Hooks(), lambda v, **c: None, lambda v, **c: None
+    assert hooks.host_only and not hooks.active
+    hooks.add("layer.*.experts.selected", keep, host_only=True)
+    hooks.add("cache.hit", keep, host_only=True)
+    assert hooks.host_only and hooks.active
+    hooks.add("layer.0.router.logits", call_mlx)
+    assert not hooks.host_only
+    hooks.remove("layer.0.router.logits", call_mlx)
+    assert hooks.host_only
+    hooks.remove("cache.hit", keep)
+    hooks.add("cache.hit", keep)  # the same function again, not host-only this time
+    assert not hooks.host_only
+    hooks.clear()
+    assert hooks.host_only and not hooks.active

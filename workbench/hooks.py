@@ -9,6 +9,8 @@ Forward points (``layer.{i}.moe.input``, ``layer.{i}.router.logits``) carry ``st
 ``attempt`` (a layer recomputed by optimistic decode fires again with a higher attempt); the
 others fire once per verified value. A hook that raises ends the run with a ``HookError`` naming
 the hook, the point and the error (the engine stays usable; the original is its ``__cause__``).
+A hook added ``host_only`` makes no MLX call (it may keep references to the values it is given):
+where every hook is, the handshake keeps answering from its server thread (``engine/server.py``).
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ class Hooks:
         self._exact: dict[str, list] = {}
         self._patterns: list[tuple[str, object]] = []
         self._resolved: dict[str, list] = {}
+        self._host_only: set = set()  # (name, fn) added host_only
         self.active = False
+        self.host_only = True  # every subscriber was added host_only (or there is none)
 
-    def add(self, name: str, fn) -> None:
+    def add(self, name: str, fn, host_only: bool = False) -> None:
+        if host_only:
+            self._host_only.add((name, fn))
         if any(c in name for c in "*?["):
             self._patterns.append((name, fn))
         else:
@@ -42,16 +48,24 @@ class Hooks:
             self._patterns.remove((name, fn))
         elif fn in self._exact.get(name, []):
             self._exact[name].remove(fn)
+        if not self.subscribed(name, fn):
+            self._host_only.discard((name, fn))
         self._changed()
 
     def clear(self) -> None:
         self._exact.clear()
         self._patterns.clear()
+        self._host_only.clear()
         self._changed()
+
+    def subscribed(self, name: str, fn) -> bool:
+        return (name, fn) in self._patterns or fn in self._exact.get(name, ())
 
     def _changed(self):
         self._resolved = {}
-        self.active = bool(self._patterns) or any(self._exact.values())
+        pairs = self._patterns + [(n, f) for n, fns in self._exact.items() for f in fns]
+        self.active = bool(pairs)
+        self.host_only = all(p in self._host_only for p in pairs)
 
     def subscribers(self, name: str) -> list:
         subs = self._resolved.get(name)

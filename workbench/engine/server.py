@@ -11,7 +11,8 @@ Why no lock: inside the call the decoding thread touches no engine state, and it
 server's last serve to return before it goes on. What a serve may do: answers make no MLX call (MLX
 keeps each thread's command encoders apart): staged rows come back on the decoding thread
 (``Slots.reclaim``) and a server thread that runs out of them makes more (``staging.host_only``);
-hooks, whose callbacks may call MLX, keep the serving on the decoding thread (``HandshakePass.launch``).
+hooks, whose callbacks may call MLX, keep the serving on the decoding thread unless every one was added
+host-only (``Hooks.add``; a trace recorder's are) (``HandshakePass.launch``).
 """
 
 from __future__ import annotations

@@ -33,14 +33,15 @@ class TraceRecorder:
 
     def attach(self, engine):
         """Subscribe to the engine's hook points: every MoE layer's routing decision
-        (``experts.selected``) and, with ``io_events``, the arena's events."""
+        (``experts.selected``) and, with ``io_events``, the arena's events. Host-only: they keep
+        references and numbers, no MLX call (the handshake may answer on its server thread)."""
         if self._hooked is not None:
             return
         self._hooked = [("layer.*.experts.selected", self.add_layer)]
         if self.io_rows is not None:
             self._hooked += self._io_hooks(engine)
         for n, fn in self._hooked:
-            engine.hooks.add(n, fn)
+            engine.hooks.add(n, fn, host_only=True)
 
     def _io_hooks(self, engine):
         t0 = time.perf_counter_ns()
