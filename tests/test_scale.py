@@ -582,7 +582,7 @@ def test_a_cell_is_its_latest_ok_row_else_its_latest_failure():
 
 def test_batches_shrink_as_the_grid_goes_costliest_first():
     """Every cell in exactly one batch, one trace per batch, never more than ``most`` cells; with
-    several workers the costliest cells first (each ds4 cell, 6.4 LRU cells, alone) and batches
+    several workers the costliest cells first (each ds4 cell, 4.9 LRU cells, alone) and batches
     shrinking as the grid goes, so 8 workers start every ds4 cell at once and end on small batches,
     evenly; one worker: a batch per trace. Greedy list scheduling of the batches, as Dask runs them,
     ends within 10% of a perfect share of the estimated cost (it was 23% with equal batches)."""

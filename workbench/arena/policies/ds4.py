@@ -8,7 +8,7 @@ class DS4(Policy):
     """ds4 hotness: +1 per routed selection, counters halved every 16 decode tokens; evict coldest, ties LRU."""
 
     name = "ds4"
-    replay_cost = 6.4
+    replay_cost = 4.9
 
     # Options: hotlist (keys, pairs or a file; see hotlist.py) seeds counters at ``seed``
     # (default 8) and is the warm set; decay_every (default 16 tokens, via tick()).

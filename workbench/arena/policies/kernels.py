@@ -431,10 +431,11 @@ def _ds4(ids, ends, start, start_last, capacity, decay_every, clock, tokens, hot
     the resident of lowest (hotness, last use); after every ``decay_every``-th token end (``ends``)
     every hotness halves. ``start`` are resident at the start, last used at ``start_last``; ``clock``
     and ``tokens`` go on from the policy's. A min-heap of (hotness, last use, id) entries (``hh``,
-    ``ht``, ``hv``: 4 * capacity + 2 + len(start) + 64) keeps stale ones until they surface or the heap
-    is rebuilt from the residents (after a decay, or when it fills). ``last``: n_ids of -1 (resident:
-    its last use). Fills ``hits``; returns (clock, tokens, the heap's size)."""
-    limit = len(hh) - 1
+    ``ht``, ``hv``: at least capacity + len(start) + 1), one a resident, made from the residents at the
+    start and after each decay: a hit only raises its key's (hotness, last use), so an entry holds at
+    most its key's current value; an entry that surfaces stale is pushed again with it, and the first
+    current one is the least resident. ``last``: n_ids of -1 (resident: its last use). Fills
+    ``hits``; returns (clock, tokens, the heap's size)."""
     n = 0
     count = 0
     for j in range(len(start)):
@@ -456,39 +457,42 @@ def _ds4(ids, ends, start, start_last, capacity, decay_every, clock, tokens, hot
         if i == len(ids):
             break
         x = ids[i]
-        if last[x] >= 0:
-            hits[i] = 1
-        elif count >= capacity:
-            while True:  # pop the least entry; a current one is the victim
-                h, t, v = hh[0], ht[0], hv[0]
-                n -= 1
-                hh[0], ht[0], hv[0] = hh[n], ht[n], hv[n]
-                _sift(hh, ht, hv, n, 0)
-                if last[v] == t and hot[v] == h:
-                    last[v] = -1
-                    break
-        else:
-            count += 1
         clock += 1
-        last[x] = clock
-        hot[x] += 1
-        j = n  # push (hotness, clock, x): it rises above parents that are greater
-        n += 1
-        while j > 0:
-            q = (j - 1) // 2
-            if hh[q] < hot[x] or (hh[q] == hot[x] and ht[q] < clock):
-                break
-            hh[j], ht[j], hv[j] = hh[q], ht[q], hv[q]
-            j = q
-        hh[j], ht[j], hv[j] = hot[x], clock, x
+        if last[x] >= 0:  # a hit: its entry stays, below its key's new value
+            hits[i] = 1
+            last[x] = clock
+            hot[x] += 1
+        else:
+            if count >= capacity:
+                while True:  # the least entry: a current one is the victim, a stale one goes back with its key
+                    v = hv[0]
+                    if last[v] == ht[0] and hot[v] == hh[0]:
+                        last[v] = -1
+                        n -= 1
+                        hh[0], ht[0], hv[0] = hh[n], ht[n], hv[n]
+                        _sift(hh, ht, hv, n, 0)
+                        break
+                    hh[0], ht[0] = hot[v], last[v]
+                    _sift(hh, ht, hv, n, 0)
+            else:
+                count += 1
+            last[x] = clock
+            hot[x] += 1
+            j = n  # push (hotness, clock, x): it rises above parents that are greater
+            n += 1
+            while j > 0:
+                q = (j - 1) // 2
+                if hh[q] < hot[x] or (hh[q] == hot[x] and ht[q] < clock):
+                    break
+                hh[j], ht[j], hv[j] = hh[q], ht[q], hv[q]
+                j = q
+            hh[j], ht[j], hv[j] = hot[x], clock, x
         if ends[i]:
             tokens += 1
             if tokens % decay_every == 0:
                 for v in range(len(hot)):
                     hot[v] >>= 1
                 rebuild = True
-        if n >= limit:
-            rebuild = True
     return clock, tokens, n
 
 
@@ -504,7 +508,7 @@ def ds4_replay(keys, ends, resident, last_use, hot: dict, capacity: int, decay_e
     heat = np.zeros(n_ids, np.int64)
     heat[dense[m:k]] = np.asarray([hot[x] for x in known], dtype=np.int64)
     ends = np.zeros(n, np.bool_) if ends is None else np.asarray(ends, dtype=np.bool_)
-    size = 4 * int(capacity) + m + 66
+    size = int(capacity) + m + 2
     (clock, tokens, _), (*_, heat, last, _, _, _, hits) = _call(
         _ds4, n, compiled, dense[k:], ends, dense[:m], np.asarray(last_use, dtype=np.int64).reshape(m), int(capacity),
         int(decay_every), int(clock), int(tokens), heat, np.full(n_ids, -1, np.int64), np.zeros(size, np.int64),
