@@ -219,8 +219,6 @@ def check_columns(table, meta: dict, where: str) -> None:
 
 def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> None:
     """Write columns ``rows`` (name -> list) atomically (temp file + rename)."""
-    import pyarrow.parquet as pq
-
     path = Path(path)
     fields = list(ROUTE_FIELDS)
     for name in rows:
@@ -230,8 +228,22 @@ def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> No
             fields.append(pa.field(name, pa.list_(pa.int16())))
     schema = pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
     table = pa.table({f.name: rows.get(f.name, [None] * len(rows["step"])) for f in fields}, schema=schema)
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(path, lambda tmp: _write(table, tmp))
     if io_rows is not None:
         io_table = pa.table({f.name: io_rows[f.name] for f in IO_FIELDS}, schema=pa.schema(IO_FIELDS))
-        atomic_write(io_path(path), lambda tmp: pq.write_table(io_table, tmp))
+        atomic_write(io_path(path), lambda tmp: _write(io_table, tmp))
+
+
+def _write(table, tmp) -> None:
+    """Parquet, with a dictionary and min/max statistics for the columns of ids and names only: on
+    columns of floats they help no reader and cost most of the write (about 3x its time on a trace
+    with MoE inputs, bench/RESULTS.md)."""
+    import pyarrow.parquet as pq
+
+    coded = [f.name for f in table.schema if not _floats(f.type)]
+    pq.write_table(table, tmp, use_dictionary=coded, write_statistics=coded)
+
+
+def _floats(t) -> bool:
+    return pa.types.is_floating(t.value_type if pa.types.is_list(t) else t)
 
