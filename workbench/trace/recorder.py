@@ -107,9 +107,9 @@ class TraceRecorder:
         for i, c in enumerate(calls):
             groups.setdefault((c.layer, c.logits is not None), []).append(i)
         wanted = [[(calls[i].logits, n[i]) for i in idx] for (_, has_logits), idx in groups.items() if has_logits]
-        if self.moe_input:
+        if self.moe_input:  # float16 all the way: the column's type
             wanted.append([(c.moe_input, k) for c, k in zip(calls, n)])
-        host = iter(_stacks(wanted))  # each logits group's rows in group order, then the MoE inputs
+        host = iter(_stacks(wanted, [mx.float32] * (len(wanted) - self.moe_input) + [mx.float16] * self.moe_input))
         for (layer, has_logits), idx in groups.items():
             at = np.concatenate([np.arange(first[i], first[i + 1]) for i in idx])  # the group's rows
             ids = np.concatenate([calls[i].ids.reshape(n[i], -1) for i in idx])
@@ -133,7 +133,7 @@ class TraceRecorder:
                 "selected": selected, "weights": weights, "logits": logits,
                 "resident": per_row(np.asarray(c.resident, dtype=np.int16) for c in calls)}
         if self.moe_input:
-            cols["moe_input"] = list(next(host).astype(np.float16))
+            cols["moe_input"] = next(host)  # one row each (``write_trace``)
         for src in dict.fromkeys(src for c in calls for src in c.predictions):  # in the order first seen
             col = cols[f"pred_{src}"] = []
             for c, k in zip(calls, n):  # rows without a prediction: None
@@ -155,14 +155,17 @@ class _Call(NamedTuple):
     predictions: dict
 
 
-def _stacks(groups) -> list:
-    """Each group, [(numpy or MLX array, its row count), ...], as one float32 numpy array of its rows.
-    The groups of MLX arrays only are evaluated together: one transfer for the whole trace."""
-    lazy = [mx.concatenate([v.reshape(-1) for v, _ in g]).astype(mx.float32)
-            if all(isinstance(v, mx.array) for v, _ in g) else None for g in groups]
+def _stacks(groups, dtypes) -> list:
+    """Each group, [(numpy or MLX array, its row count), ...], as one numpy array of its rows, of its
+    dtype (MLX's). The groups of MLX arrays only are evaluated together: one transfer for the whole trace."""
+    lazy = [mx.concatenate([v.reshape(-1) for v, _ in g]).astype(t)
+            if all(isinstance(v, mx.array) for v, _ in g) else None for g, t in zip(groups, dtypes)]
     mx.eval([x for x in lazy if x is not None])
     return [np.array(x).reshape(sum(k for _, k in g), -1) if x is not None else
-            np.concatenate([to_numpy(v).reshape(k, -1) for v, k in g]) for g, x in zip(groups, lazy)]
+            np.concatenate([to_numpy(v).reshape(k, -1) for v, k in g]).astype(_NP[t]) for g, x, t in zip(groups, lazy, dtypes)]
+
+
+_NP = {mx.float32: np.float32, mx.float16: np.float16}
 
 
 def _put(col, at, values):

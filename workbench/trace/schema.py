@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from ..checks import is_whole, json_kind
@@ -218,7 +219,8 @@ def check_columns(table, meta: dict, where: str) -> None:
 
 
 def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> None:
-    """Write columns ``rows`` (name -> list) atomically (temp file + rename)."""
+    """Write columns ``rows`` (name -> list, or a 2-D numpy array for a list column: one row each)
+    atomically (temp file + rename)."""
     path = Path(path)
     fields = list(ROUTE_FIELDS)
     for name in rows:
@@ -227,11 +229,21 @@ def write_trace(path, rows: dict, meta: dict, io_rows: dict | None = None) -> No
         elif name.startswith("pred_"):
             fields.append(pa.field(name, pa.list_(pa.int16())))
     schema = pa.schema(fields, metadata={META_KEY: json.dumps(meta).encode()})
-    table = pa.table({f.name: rows.get(f.name, [None] * len(rows["step"])) for f in fields}, schema=schema)
+    table = pa.table({f.name: _column(rows.get(f.name, [None] * len(rows["step"])), f.type) for f in fields},
+                     schema=schema)
     atomic_write(path, lambda tmp: _write(table, tmp))
     if io_rows is not None:
         io_table = pa.table({f.name: io_rows[f.name] for f in IO_FIELDS}, schema=pa.schema(IO_FIELDS))
         atomic_write(io_path(path), lambda tmp: _write(io_table, tmp))
+
+
+def _column(values, type):
+    """A 2-D array as a list column without a Python object per row; anything else as it is."""
+    if isinstance(values, np.ndarray) and values.ndim == 2 and pa.types.is_list(type):
+        rows, width = values.shape
+        flat = pa.array(np.ascontiguousarray(values).reshape(-1), type.value_type)
+        return pa.ListArray.from_arrays(pa.array(np.arange(rows + 1, dtype=np.int32) * width), flat)
+    return values
 
 
 def _write(table, tmp) -> None:
