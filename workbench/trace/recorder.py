@@ -162,7 +162,8 @@ def _stacks(groups, dtypes) -> list:
             if all(isinstance(v, mx.array) for v, _ in g) else None for g, t in zip(groups, dtypes)]
     mx.eval([x for x in lazy if x is not None])
     return [np.array(x).reshape(sum(k for _, k in g), -1) if x is not None else
-            np.concatenate([to_numpy(v).reshape(k, -1) for v, k in g]).astype(_NP[t]) for g, x, t in zip(groups, lazy, dtypes)]
+            np.concatenate([to_numpy(v).reshape(k, -1) for v, k in g]).astype(_NP[t], copy=False)
+            for g, x, t in zip(groups, lazy, dtypes)]
 
 
 _NP = {mx.float32: np.float32, mx.float16: np.float16}
