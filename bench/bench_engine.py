@@ -7,7 +7,8 @@ Models: the reference model (experts of 31 KB), ``--mid`` (0.5 MB) or ``--wide [
 Qwen3-30B-A3B's expert shape, 2.6 MB, 16 layers, routers skewed to 16 experts per layer:
 ``randmodel.make_wide_model``).
 ``--temp``: decoding temperatures (0: greedy), each row's tokens drawn with one seed on every side.
-``--prefill N``: also time to first token on an N-token prompt, streamed vs resident, per arena.
+``--prefill N``: also time to first token on an N-token prompt, streamed vs resident, per arena; at
+the ``--trace-at`` arenas, traced / untraced too (to the first ``on_token`` call, fresh arenas, ABBA pairs).
 
 Rows per arena and decode mode, medians of per-token decode times over ``--reps`` interleaved
 runs (so drifting load hits every side alike):
@@ -100,11 +101,28 @@ def ttft_resident(prompt, model) -> tuple[float, int]:
     return time.perf_counter() - t, int(token)
 
 
-def ttft_streamed(eng, prompt) -> tuple[float, dict, int]:
-    """Seconds to the engine's first token, its prefill counters, and that token."""
-    t = time.perf_counter()
-    res = eng.generate(prompt, max_tokens=1, progress=False)
-    return time.perf_counter() - t, res.stats["prefill"], res.tokens[0]
+def ttft_streamed(eng, prompt, trace=None) -> tuple[float, dict, int]:
+    """Seconds to the engine's first token (the call, ``max_tokens=1``), its prefill counters, and that
+    token; with ``trace``, the seconds until ``on_token`` sees the token (the trace's write comes after)."""
+    t, out = time.perf_counter(), []
+    res = eng.generate(prompt, max_tokens=1, progress=False, trace=trace, on_token=lambda _: out.append(time.perf_counter()))
+    return (out[0] if trace is not None else time.perf_counter()) - t, res.stats["prefill"], res.tokens[0]
+
+
+def ttft_trace_pairs(path, arena, writes, prompt, pairs, folder) -> list:
+    """Time to first token traced (a full trace recorder, MoE inputs included) / untraced, each from a
+    fresh arena, ``pairs`` pairs in ABBA order; both sides timed to ``on_token``'s first call."""
+    ratios = []
+    for i in range(pairs):
+        seconds = {}
+        for with_trace in ((False, True) if i % 2 == 0 else (True, False)):
+            with Engine.open(path, arena=ArenaConfig(arena, writes=writes), progress=False) as eng:
+                t, out = time.perf_counter(), []
+                rec = TraceRecorder(f"{folder}/p{i}.parquet", moe_input=True) if with_trace else None
+                eng.generate(prompt, max_tokens=1, progress=False, trace=rec, on_token=lambda _: out.append(time.perf_counter()))
+                seconds[with_trace] = out[0] - t
+        ratios.append(seconds[True] / seconds[False])
+    return ratios
 
 
 def token_ms(gen, n):
@@ -240,6 +258,11 @@ def ttft_rows(path, model, a, gbps) -> None:
             floor = rm + pre["bytes_read"] / gbps / 1e9
             print(f"{arena:>5}  {name:<6}  {rm:10.3f}  {sm:10.3f}  {rm / sm:10.2f}x  {pre['bytes_read'] / 1e6:10.0f}  "
                   f"{floor:7.3f}  {pre['hit_rate']:7.1%}  {sm / floor:8.2f}  {'yes' if equal else 'NO':>5}", flush=True)
+            if arena in a.trace_at.split(","):
+                with tempfile.TemporaryDirectory() as d:
+                    r = ttft_trace_pairs(path, arena, writes, prompt, a.trace_reps or 2 * a.reps, d)
+                print(f"  traced / untraced time to first token: {statistics.median(r):.3f} [{min(r):.3f}, {max(r):.3f}] "
+                      f"({len(r)} interleaved pairs, a full trace recorder)", flush=True)
 
 
 def main():
