@@ -101,12 +101,11 @@ def ttft_resident(prompt, model) -> tuple[float, int]:
     return time.perf_counter() - t, int(token)
 
 
-def ttft_streamed(eng, prompt, trace=None) -> tuple[float, dict, int]:
-    """Seconds to the engine's first token (the call, ``max_tokens=1``), its prefill counters, and that
-    token; with ``trace``, the seconds until ``on_token`` sees the token (the trace's write comes after)."""
-    t, out = time.perf_counter(), []
-    res = eng.generate(prompt, max_tokens=1, progress=False, trace=trace, on_token=lambda _: out.append(time.perf_counter()))
-    return (out[0] if trace is not None else time.perf_counter()) - t, res.stats["prefill"], res.tokens[0]
+def ttft_streamed(eng, prompt) -> tuple[float, dict, int]:
+    """Seconds to the engine's first token, its prefill counters, and that token."""
+    t = time.perf_counter()
+    res = eng.generate(prompt, max_tokens=1, progress=False)
+    return time.perf_counter() - t, res.stats["prefill"], res.tokens[0]
 
 
 def ttft_trace_pairs(path, arena, writes, prompt, pairs, folder) -> list:
