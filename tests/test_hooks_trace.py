@@ -96,6 +96,21 @@ def test_trace_roundtrip(engine, tmp_path):
     assert (t.io.kind == "miss").sum() == res.stats["misses"] + res.stats["prefill"]["misses"]
 
 
+def test_a_prompt_prefilled_in_several_passes_keeps_its_positions(tiny, tmp_path):
+    """A prompt longer than ``--prefill-step-size`` is prefilled in passes; the trace's rows carry each
+    token's own position (0 to len - 2, then the decode tokens), not each pass's from 0 again."""
+    from workbench.config import KVConfig
+
+    _, store = tiny("qwen3_moe", 4)
+    prompt = PROMPT * 3  # 24 tokens: 23 prefilled in passes of 5
+    with Engine(store, arena="0.5", progress=False, kv=KVConfig(prefill_step=5)) as eng:
+        eng.generate(prompt, max_tokens=3, trace=TraceRecorder(tmp_path / "t.parquet"))
+    routes = read_trace(tmp_path / "t.parquet").routes
+    for layer, rows in routes.groupby("layer"):
+        assert rows.token.tolist() == list(range(len(prompt) - 1 + 3)), layer
+        assert rows.phase.tolist() == ["prefill"] * (len(prompt) - 1) + ["decode"] * 3
+
+
 def test_malformed_trace(tmp_path):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet")

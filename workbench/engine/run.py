@@ -137,6 +137,7 @@ class Run:
         default, as mlx-lm), step 0; ``protect``: keep the prompt's hottest experts hottest afterwards."""
         self.begin_step(0, "prefill")
         for i in range(0, len(x), self.kv.prefill_step):
+            self.pos0 = i  # the pass's first position (the hook points' ``position``)
             self.run_batch(BatchPass(self, 0), x[i:i + self.kv.prefill_step][None])
             self.kv.quantize(self.cache)
             mx.eval([c.state for c in self.cache])
