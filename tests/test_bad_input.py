@@ -125,3 +125,17 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert msg in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "nope").exists()
+
+
+@pytest.mark.parametrize("argv", [["run", "-p", "hello", "--max-tokens", "1"], ["demo", "--no-report"]])
+def test_no_reference_model_is_one_line_not_a_random_stand_in(argv, tmp_path, monkeypatch, capsys):
+    """An install made apart from the checkout has no data/: the commands that default to the shipped
+    model say so and how to fix it (exit 2), and build no random model in its place."""
+    import workbench.data
+
+    monkeypatch.setattr(workbench.data, "REFERENCE", tmp_path / "data" / "models" / "ref-moe")
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "reference model is not at" in err[0] and "pip install -e ." in err[0], err
+    assert not (tmp_path / "cache").exists()

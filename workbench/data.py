@@ -12,17 +12,15 @@ WORKLOADS = DATA / "workloads"
 
 
 def default_model() -> Path:
-    """The shipped reference model; until it exists, a seeded random qwen3_moe built on first use."""
-    if (REFERENCE / "config.json").exists():
-        return REFERENCE
-    from .fsutil import cache_dir
-    from .randmodel import make_random_model
+    """The shipped reference model. It lives in the checkout's data/, not in the package: an install
+    made without the checkout has none, and is told so (never given a random model in its place)."""
+    if not (REFERENCE / "config.json").is_file():
+        from .model import ModelError
 
-    path = cache_dir() / "models" / "random-qwen3-moe-8x64"
-    if not (path / "config.json").exists():
-        make_random_model(path, "qwen3_moe", seed=0, quantize_bits=4, group_size=32, moving=True,
-                          layers=8, experts=64, top_k=8, hidden=128, expert_width=64, vocab=512)
-    return path
+        raise ModelError(f"the shipped reference model is not at {REFERENCE} (workbench was installed apart from "
+                         "its checkout's data/); install from the checkout (pip install -e .), or name a model "
+                         "directory (workbench run DIR, --model DIR)")
+    return REFERENCE
 
 
 def workload(name: str) -> list[dict]:
