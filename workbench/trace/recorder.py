@@ -108,9 +108,11 @@ class TraceRecorder:
         for i, c in enumerate(calls):
             groups.setdefault((c.layer, c.logits is not None), []).append(i)
         wanted = [[(calls[i].logits, n[i]) for i in idx] for (_, has_logits), idx in groups.items() if has_logits]
+        dtypes = [mx.float32] * len(wanted)
         if self.moe_input:  # float16 all the way: the column's type
             wanted.append([(c.moe_input, k) for c, k in zip(calls, n)])
-        host = iter(_stacks(wanted, [mx.float32] * (len(wanted) - self.moe_input) + [mx.float16] * self.moe_input))
+            dtypes.append(mx.float16)
+        host = iter(_stacks(wanted, dtypes))
         for (layer, has_logits), idx in groups.items():
             at = np.concatenate([np.arange(first[i], first[i + 1]) for i in idx])  # the group's rows
             ids = np.concatenate([calls[i].ids.reshape(n[i], -1) for i in idx])
