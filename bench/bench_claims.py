@@ -96,8 +96,9 @@ def main():
                 claim = statistics.median(runs)
                 per_miss = misses / len(seq)
                 own = claim - reads * per_miss / m.top_k  # only the misses read
+                own_miss = f"{own / per_miss:11.1f}" if per_miss else f"{'-':>11}"  # an arena that holds them all
                 print(f"{arena:>5}  {ar.writes:<6} {ar.n_slots:5d}  {hits / (hits + misses):7.1%}  {per_miss:12.2f}  "
-                      f"{claim:8.1f}  {reads * per_miss / m.top_k:8.1f}  {own:12.1f}  {own / max(per_miss, 1e-9):11.1f}",
+                      f"{claim:8.1f}  {reads * per_miss / m.top_k:8.1f}  {own:12.1f}  {own_miss}",
                       flush=True)
 
 
