@@ -62,6 +62,15 @@ def tiny(tmp_path_factory):
     return build
 
 
+@pytest.fixture
+def model_dir(tiny, tmp_path):
+    """A copy of the tiny 4-bit qwen3_moe model that a test may damage."""
+    src, _ = tiny("qwen3_moe", 4)
+    dst = tmp_path / "model"
+    shutil.copytree(src, dst)
+    return dst
+
+
 def resident_greedy(model_dir, prompt, max_tokens):
     """mlx-lm's own greedy generation on the resident model: (tokens, last log-probs)."""
     import mlx.core as mx

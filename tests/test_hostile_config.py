@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from tests.hostile_util import assert_clean_error, cli
 from workbench.model import ModelError, load_config, validate_config
 from workbench.store.pack import pack
-
-
-@pytest.fixture
-def model_dir(tiny, tmp_path):
-    src, _ = tiny("qwen3_moe", 4)
-    dst = tmp_path / "model"
-    shutil.copytree(src, dst)
-    return dst
 
 
 def _write_cfg(model_dir, fn):

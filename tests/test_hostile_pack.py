@@ -24,14 +24,6 @@ from workbench.store.pack import pack
 
 
 @pytest.fixture
-def model_dir(tiny, tmp_path):
-    src, _ = tiny("qwen3_moe", 4)
-    dst = tmp_path / "model"
-    shutil.copytree(src, dst)
-    return dst
-
-
-@pytest.fixture
 def cache_env(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("WORKBENCH_CACHE", str(root))
