@@ -36,6 +36,14 @@ def test_edge_cases():
         bootstrap_ci([1, 2], level=95)
 
 
+def test_a_statistic_undefined_on_every_resample_gives_no_interval_and_no_warning():
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "All-NaN slice" would be one
+        ci = bootstrap_ci([0.0, 0.0, 0.0], stat=lambda x: np.nan)
+    assert np.isnan(ci.low) and np.isnan(ci.high) and ci.n == 3
+
+
 def test_vector_rows_with_a_custom_statistic():
     rows = np.array([[1.0, 10.0], [3.0, 30.0], [2.0, 20.0]])
     ci = bootstrap_ci(rows, stat=lambda m: m.mean(axis=0)[1] / m.mean(axis=0)[0])

@@ -67,6 +67,8 @@ def bootstrap_ci(values_by_prompt, stat: Callable = np.mean, n_boot: int = N_BOO
         return Interval(est, est, est, 1, level)
     idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
     boots = np.array([stat(x[i]) for i in idx], dtype=float)
+    if np.isnan(boots).all():  # the statistic is undefined on every resample (e.g. a change from 0)
+        return Interval(est, np.nan, np.nan, n, level)
     lo, hi = np.nanquantile(boots, [(1 - level) / 2, (1 + level) / 2])
     return Interval(est, float(lo), float(hi), n, level)
 
