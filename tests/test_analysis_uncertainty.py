@@ -1,5 +1,7 @@
 """The one bootstrap over prompts and the interval tables built on it."""
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -37,7 +39,6 @@ def test_edge_cases():
 
 
 def test_a_statistic_undefined_on_every_resample_gives_no_interval_and_no_warning():
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy's "All-NaN slice" would be one
         ci = bootstrap_ci([0.0, 0.0, 0.0], stat=lambda x: np.nan)

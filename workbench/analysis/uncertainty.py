@@ -45,7 +45,7 @@ def bootstrap_ci(values_by_prompt, stat: Callable = np.mean, n_boot: int = N_BOO
     values_by_prompt: a sequence or array whose first axis is the prompt (a mapping's values are
     taken in order); rows may be vectors, then ``stat`` maps an [n, ...] array to a number (e.g. a
     speedup bound from a mean union table). NaN prompts are dropped. One prompt gives a zero-width
-    interval at its value; none gives NaNs.
+    interval at its value; none gives NaNs, and so does a statistic undefined on every resample.
     """
     if isinstance(values_by_prompt, Mapping):
         values_by_prompt = list(values_by_prompt.values())
